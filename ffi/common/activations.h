@@ -1,0 +1,225 @@
+// Every activation of SPEC.md §1 and its derivative, defined once, for host and device.
+//
+// An activation is a struct with one static function
+//
+//     TE_HD static void eval(float x, const ActParams& p, float& f, float& df);
+//
+// that writes f(x) and f'(x). Callers that need only one of them let the compiler drop the other
+// (everything is inlined), so forward kernels pay nothing for the derivative.
+//
+// A gated activation pairs an activation with a "linear half" (Identity, or ClampedLinear for
+// GPT-OSS clamped SwiGLU): for x = (a, b) with upstream gradient g,
+//     y  = f(a) * b'              b' = lin(b)
+//     dA = f'(a) * g * b'         dB = lin'(b) * g * f(a)
+// `with_activation(enum, fn)` maps a runtime enum to these compile-time types.
+//
+// All arithmetic is float32 (SPEC.md: one rounding, to the output dtype, at the end).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "common/macros.h"
+#include "common/math.h"
+
+namespace te_jax {
+
+// Values are TE's NVTE_Activation_Type order (0-11) plus te_jax's exact-GELU forms (12-13).
+enum class ActivationEnum : int64_t {
+  GELU = 0,
+  GEGLU = 1,
+  GLU = 2,
+  SILU = 3,
+  SWIGLU = 4,
+  RELU = 5,
+  REGLU = 6,
+  QGELU = 7,
+  QGEGLU = 8,
+  SRELU = 9,
+  SREGLU = 10,
+  CLAMPED_SWIGLU = 11,
+  GELU_EXACT = 12,
+  GEGLU_EXACT = 13,
+};
+
+struct ClampedSwigluParams {
+  float limit = 7.0f;
+  float alpha = 1.702f;
+  float glu_linear_offset = 1.0f;
+};
+
+// Runtime parameters of the parametrised activations (only clamped SwiGLU has any today).
+struct ActParams {
+  ClampedSwigluParams clamped_swiglu;
+};
+
+namespace act {
+
+// GELU, tanh form. 0.5*(1 + tanh(u)) == sigmoid(2u), so f and f' need one exp:
+//   u = k*(x + c*x^3), s = sigmoid(2u)
+//   f  = x*s
+//   f' = s + x * (1 - tanh(u)^2)/2 * du/dx = s + 2*x*s*(1-s) * k*(1 + 3c*x^2)
+struct Gelu {
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
+    constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
+    constexpr float c = 0.044715f;
+    const float x2 = x * x;
+    const float s = math::sigmoid(2.0f * k * x * (1.0f + c * x2));
+    f = x * s;
+    df = s + 2.0f * x * s * (1.0f - s) * k * (1.0f + 3.0f * c * x2);
+  }
+};
+
+// GELU, erf form: f = x*Phi(x), f' = Phi(x) + x*phi(x).
+struct GeluExact {
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
+    constexpr float inv_sqrt2 = 0.7071067811865476f;
+    constexpr float inv_sqrt_2pi = 0.3989422804014327f;
+    const float cdf = 0.5f * (1.0f + math::erf(x * inv_sqrt2));
+    f = x * cdf;
+    df = cdf + x * inv_sqrt_2pi * math::exp(-0.5f * x * x);
+  }
+};
+
+// sigma(x); its derivative sigma*(1-sigma). The activation half of GLU.
+struct Sigmoid {
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
+    const float s = math::sigmoid(x);
+    f = s;
+    df = s * (1.0f - s);
+  }
+};
+
+// x*sigma(beta*x) and its derivative sigma(bx) + bx*sigma(bx)*(1-sigma(bx)).
+TE_HD void swish(float x, float beta, float& f, float& df) {
+  const float bx = beta * x;
+  const float s = math::sigmoid(bx);
+  f = x * s;
+  df = s + bx * s * (1.0f - s);
+}
+
+struct Silu {
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) { swish(x, 1.0f, f, df); }
+};
+
+struct QuickGelu {
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
+    swish(x, 1.702f, f, df);
+  }
+};
+
+struct Relu {
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
+    f = x > 0.0f ? x : 0.0f;
+    df = x > 0.0f ? 1.0f : 0.0f;  // 0 at x == 0 (SPEC.md)
+  }
+};
+
+struct SquaredRelu {
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
+    f = x > 0.0f ? x * x : 0.0f;
+    df = x > 0.0f ? 2.0f * x : 0.0f;
+  }
+};
+
+// GPT-OSS activation half: m = min(x, limit), f = m*sigma(alpha*m); f' = 0 above the limit.
+struct ClampedSilu {
+  TE_HD static void eval(float x, const ActParams& p, float& f, float& df) {
+    const float limit = p.clamped_swiglu.limit;
+    const float m = x < limit ? x : limit;
+    swish(m, p.clamped_swiglu.alpha, f, df);
+    df = x <= limit ? df : 0.0f;
+  }
+};
+
+// Linear halves of the gated forms: value lin(b) and derivative lin'(b).
+struct Identity {
+  TE_HD static void eval(float b, const ActParams&, float& v, float& dv) {
+    v = b;
+    dv = 1.0f;
+  }
+};
+
+// b' = clip(b, -limit, limit) + offset; derivative 1 inside [-limit, limit] (inclusive), else 0.
+struct ClampedLinear {
+  TE_HD static void eval(float b, const ActParams& p, float& v, float& dv) {
+    const float limit = p.clamped_swiglu.limit;
+    const float c = b < -limit ? -limit : (b > limit ? limit : b);
+    v = c + p.clamped_swiglu.glu_linear_offset;
+    dv = (b >= -limit && b <= limit) ? 1.0f : 0.0f;
+  }
+};
+
+}  // namespace act
+
+// A compile-time description of one ActivationEnum value.
+template <typename Act_, typename Lin_, bool kGated_>
+struct ActivationSpec {
+  using Act = Act_;
+  using Lin = Lin_;  // meaningful only when gated
+  static constexpr bool kGated = kGated_;
+  static constexpr int kActLen = kGated_ ? 2 : 1;
+};
+
+// Calls fn(ActivationSpec<...>{}) for the runtime enum; returns false for an unknown value.
+template <typename Fn>
+bool with_activation(ActivationEnum e, Fn&& fn) {
+  using namespace act;
+  switch (e) {
+    case ActivationEnum::GELU: fn(ActivationSpec<Gelu, Identity, false>{}); return true;
+    case ActivationEnum::GEGLU: fn(ActivationSpec<Gelu, Identity, true>{}); return true;
+    case ActivationEnum::GLU: fn(ActivationSpec<Sigmoid, Identity, true>{}); return true;
+    case ActivationEnum::SILU: fn(ActivationSpec<Silu, Identity, false>{}); return true;
+    case ActivationEnum::SWIGLU: fn(ActivationSpec<Silu, Identity, true>{}); return true;
+    case ActivationEnum::RELU: fn(ActivationSpec<Relu, Identity, false>{}); return true;
+    case ActivationEnum::REGLU: fn(ActivationSpec<Relu, Identity, true>{}); return true;
+    case ActivationEnum::QGELU: fn(ActivationSpec<QuickGelu, Identity, false>{}); return true;
+    case ActivationEnum::QGEGLU: fn(ActivationSpec<QuickGelu, Identity, true>{}); return true;
+    case ActivationEnum::SRELU: fn(ActivationSpec<SquaredRelu, Identity, false>{}); return true;
+    case ActivationEnum::SREGLU: fn(ActivationSpec<SquaredRelu, Identity, true>{}); return true;
+    case ActivationEnum::CLAMPED_SWIGLU:
+      fn(ActivationSpec<ClampedSilu, ClampedLinear, true>{});
+      return true;
+    case ActivationEnum::GELU_EXACT: fn(ActivationSpec<GeluExact, Identity, false>{}); return true;
+    case ActivationEnum::GEGLU_EXACT: fn(ActivationSpec<GeluExact, Identity, true>{}); return true;
+  }
+  return false;
+}
+
+inline bool is_gated(ActivationEnum e) {
+  bool gated = false;
+  with_activation(e, [&](auto spec) { gated = decltype(spec)::kGated; });
+  return gated;
+}
+
+// Forward of one element (non-gated: b is ignored).
+template <typename Spec>
+TE_HD float act_forward(float a, float b, const ActParams& p) {
+  float f, df;
+  Spec::Act::eval(a, p, f, df);
+  if constexpr (Spec::kGated) {
+    float v, dv;
+    Spec::Lin::eval(b, p, v, dv);
+    return f * v;
+  } else {
+    return f;
+  }
+}
+
+// Backward of one element given upstream g: writes dA (and dB when gated).
+template <typename Spec>
+TE_HD void act_backward(float g, float a, float b, const ActParams& p, float& da, float& db) {
+  float f, df;
+  Spec::Act::eval(a, p, f, df);
+  if constexpr (Spec::kGated) {
+    float v, dv;
+    Spec::Lin::eval(b, p, v, dv);
+    da = df * g * v;
+    db = dv * g * f;
+  } else {
+    da = df * g;
+    db = 0.0f;
+  }
+}
+
+}  // namespace te_jax
