@@ -1,0 +1,26 @@
+"""te_jax: fused transformer-MLP activation kernels for JAX, on CPU and NVIDIA GPUs.
+
+Forward (``act_lu``), backward (``dact_lu``), backward + bias gradient (``quantize_dact_dbias``)
+and the differentiable ``activation`` for GELU, GeGLU, GLU, SiLU, SwiGLU, ReLU, ReGLU, QuickGELU,
+QGeGLU, squared ReLU, SReGLU, clamped SwiGLU and exact GELU/GeGLU, as XLA FFI kernels wrapped in
+JAX primitives (jit, vmap, grad, sharding). ``te_jax.reference`` holds the pure-JAX forms.
+"""
+
+from te_jax import reference
+from te_jax._ffi import ffi_available
+from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
+from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "act_lu",
+    "dact_lu",
+    "quantize_dact_dbias",
+    "activation",
+    "ActivationType",
+    "ActivationParams",
+    "ClampedSwiGLUParams",
+    "ffi_available",
+    "reference",
+]

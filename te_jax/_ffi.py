@@ -1,0 +1,60 @@
+"""Loads the te_jax extension modules and registers their FFI targets with XLA.
+
+Each extension's ``registrations()`` returns ``{target_name: capsule | {stage: capsule}}``; the
+same target names are registered for platform ``cpu`` (``_te_jax_cpu``) and ``CUDA``
+(``_te_jax_cuda``), so one lowering rule serves both. A missing extension (a CPU-only build, or a
+wheel built without the toolkit) is not an error: those ops then lower to the pure-JAX path.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+
+__all__ = ["ffi_available", "registered_platforms", "load_error"]
+
+# JAX lowering platform name -> (extension module, XLA platform name for registration).
+_EXTENSIONS = {"cpu": ("_te_jax_cpu", "cpu"), "cuda": ("_te_jax_cuda", "CUDA")}
+_registered: set[str] = set()
+_load_errors: dict[str, str] = {}
+
+
+def _register_all() -> None:
+    for platform, (module_name, xla_platform) in _EXTENSIONS.items():
+        try:
+            module = importlib.import_module(f"te_jax.{module_name}")
+        except ImportError as e:
+            _load_errors[platform] = str(e)
+            continue
+        for name, target in module.registrations().items():
+            jax.ffi.register_ffi_target(name, target, platform=xla_platform, api_version=1)
+        _registered.add(platform)
+
+
+def _canonical(platform: str | None) -> str:
+    if platform is None:
+        platform = jax.default_backend()
+    platform = platform.lower()
+    return "cuda" if platform in ("gpu", "cuda") else platform
+
+
+def ffi_available(platform: str | None = None) -> bool:
+    """Whether te_jax's FFI kernels are registered for ``platform``.
+
+    ``platform`` is ``"cpu"``, ``"cuda"`` (or ``"gpu"``), or ``None`` for JAX's default backend.
+    """
+    return _canonical(platform) in _registered
+
+
+def registered_platforms() -> frozenset[str]:
+    """The JAX lowering platforms (``"cpu"``, ``"cuda"``) that have te_jax kernels."""
+    return frozenset(_registered)
+
+
+def load_error(platform: str) -> str | None:
+    """Why the extension for ``platform`` did not load, if it did not."""
+    return _load_errors.get(_canonical(platform))
+
+
+_register_all()

@@ -1,0 +1,219 @@
+"""Public activation ops: ``act_lu``, ``dact_lu``, ``quantize_dact_dbias`` and the
+differentiable ``activation``.
+
+Every op takes ``implementation``:
+
+* ``None`` (default): the FFI kernel where te_jax has one for the backend the op is lowered for,
+  the pure-JAX ``te_jax.reference`` path otherwise (and for float64 inputs);
+* ``"ffi"``: the kernel; an error at trace time if there is none;
+* ``"xla"``: the pure-JAX path.
+
+The environment variable ``TE_JAX_IMPLEMENTATION=xla`` (read at trace time) forces the pure-JAX
+path for every call that does not say ``implementation="ffi"``.
+
+All checks below run at trace time, before any kernel, and raise ``TypeError`` / ``ValueError``
+naming the argument, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+
+from te_jax import _ffi, primitives, reference
+from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+
+__all__ = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
+
+_KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_IMPLEMENTATIONS = (None, "ffi", "xla")
+
+
+def _use_ffi(op: str, implementation: str | None, dtype) -> bool:
+    """Decides between the kernel and the pure-JAX path (see the module docstring)."""
+    if implementation not in _IMPLEMENTATIONS:
+        raise ValueError(
+            f"te_jax.{op}: implementation must be None, 'ffi' or 'xla', got {implementation!r}"
+        )
+    if implementation is None:
+        env = os.environ.get("TE_JAX_IMPLEMENTATION", "").strip().lower()
+        if env not in ("", "ffi", "xla"):
+            raise ValueError(f"TE_JAX_IMPLEMENTATION must be 'ffi' or 'xla', got {env!r}")
+        implementation = env or None
+    if implementation == "xla":
+        return False
+    kernel_dtype = jnp.dtype(dtype) in _KERNEL_DTYPES
+    if implementation == "ffi":
+        if not kernel_dtype:
+            raise TypeError(
+                f"te_jax.{op}: the FFI kernels take float32, bfloat16 or float16 inputs, got "
+                f"{jnp.dtype(dtype).name}; use implementation=None or 'xla' for other dtypes"
+            )
+        backend = jax.default_backend()
+        if not _ffi.ffi_available(backend):
+            reason = _ffi.load_error(backend)
+            raise RuntimeError(
+                f"te_jax.{op}: implementation='ffi' but te_jax has no kernels for the "
+                f"{backend!r} backend" + (f" ({reason})" if reason else "")
+            )
+        return True
+    # None: the outer primitive lowers to the kernel where one is registered, to the reference
+    # elsewhere, so only dtypes the kernels cannot take are routed away here.
+    return kernel_dtype
+
+
+def _check_x(op: str, x, act: ActivationType) -> None:
+    dtype = jnp.result_type(x)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(
+            f"te_jax.{op}: x must be a floating-point array (float32, bfloat16 or float16), got "
+            f"{jnp.dtype(dtype).name}"
+        )
+    shape = jnp.shape(x)
+    if act.is_gated:
+        if len(shape) < 2 or shape[-2] != 2:
+            raise ValueError(
+                f"te_jax.{op}: {act.name.lower()} {act.names} is gated and takes x of shape "
+                f"(..., 2, H) (activation input at index 0 of axis -2, linear input at index 1); "
+                f"got shape {tuple(shape)}"
+            )
+    elif len(shape) < 1:
+        raise ValueError(f"te_jax.{op}: x must have at least one axis (..., H), got a scalar")
+
+
+def _check_dz(op: str, dz, x, act: ActivationType) -> None:
+    x_shape = tuple(jnp.shape(x))
+    want = x_shape[:-2] + x_shape[-1:] if act.is_gated else x_shape
+    if tuple(jnp.shape(dz)) != want:
+        raise ValueError(
+            f"te_jax.{op}: dz must have shape {want} (x's shape"
+            + (" without the act axis" if act.is_gated else "")
+            + f"), got {tuple(jnp.shape(dz))}"
+        )
+    if jnp.result_type(dz) != jnp.result_type(x):
+        raise TypeError(
+            f"te_jax.{op}: dz must have x's dtype {jnp.dtype(jnp.result_type(x)).name}, got "
+            f"{jnp.dtype(jnp.result_type(dz)).name}"
+        )
+
+
+def _check_quantizer(op: str, quantizer) -> None:
+    if quantizer is not None:
+        raise NotImplementedError(
+            f"te_jax.{op}: quantized outputs (quantizer=...) are not implemented yet; "
+            "pass quantizer=None"
+        )
+
+
+def _prepare(op, x, activation_type, act_params, quantizer):
+    act = ActivationType.parse(activation_type)
+    params = ActivationParams.resolve(act, act_params)
+    _check_quantizer(op, quantizer)
+    _check_x(op, x, act)
+    return act, params
+
+
+def act_lu(
+    x: jax.Array,
+    activation_type: ActivationLike = ("gelu",),
+    quantizer=None,
+    act_params: ActivationParams | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Activation forward, fused in one pass.
+
+    Non-gated: ``y = f(x)``, ``(..., H) -> (..., H)``. Gated (``(act, "linear")``):
+    ``y = f(x[..., 0, :]) * x[..., 1, :]``, ``(..., 2, H) -> (..., H)``. Computed in float32,
+    rounded once to x's dtype.
+
+    Args:
+      x: float32, bfloat16 or float16 input (float64 is served by the pure-JAX path).
+      activation_type: e.g. ``("gelu",)``, ``("silu", "linear")``, ``"swiglu"`` or an
+        ``ActivationType``.
+      quantizer: must be ``None`` (FP8 output is not implemented yet).
+      act_params: ``ActivationParams`` for clamped SwiGLU (defaults when ``None``).
+      implementation: ``None``, ``"ffi"`` or ``"xla"`` (see the module docstring).
+    """
+    act, params = _prepare("act_lu", x, activation_type, act_params, quantizer)
+    if not _use_ffi("act_lu", implementation, jnp.result_type(x)):
+        return reference.act_lu(x, act, params)
+    return primitives.act_lu(x, act, params)[0]
+
+
+def quantize_dact_dbias(
+    dz: jax.Array,
+    x: jax.Array,
+    activation_type: ActivationLike = ("gelu",),
+    is_dbias: bool = True,
+    quantizer=None,
+    act_params: ActivationParams | None = None,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Activation gradient and bias gradient, fused in one pass.
+
+    ``dx = f'(x) * dz`` (gated: ``dx[..., 0, :] = f'(a)·dz·b``, ``dx[..., 1, :] = f(a)·dz``),
+    with x's shape; ``dbias`` is the float32 sum of dx over every axis but the feature axes,
+    shape ``(H,)`` or ``(2, H)``, in x's dtype (``None`` unless ``is_dbias``). Deterministic.
+
+    Args:
+      dz: upstream gradient, x's shape without the act axis, x's dtype.
+      x: the activation's input.
+      is_dbias: whether to compute dbias.
+      Others as for ``act_lu``.
+    """
+    op = "quantize_dact_dbias"
+    act, params = _prepare(op, x, activation_type, act_params, quantizer)
+    _check_dz(op, dz, x, act)
+    if not _use_ffi(op, implementation, jnp.result_type(x)):
+        return reference.quantize_dact_dbias(dz, x, act, is_dbias, params)
+    outs = primitives.dact_dbias(dz, x, act, params, bool(is_dbias))
+    return outs[0], (outs[1] if is_dbias else None)
+
+
+def dact_lu(
+    dz: jax.Array,
+    x: jax.Array,
+    activation_type: ActivationLike = ("gelu",),
+    quantizer=None,
+    act_params: ActivationParams | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Activation gradient: ``quantize_dact_dbias(..., is_dbias=False)[0]``."""
+    act, params = _prepare("dact_lu", x, activation_type, act_params, quantizer)
+    _check_dz("dact_lu", dz, x, act)
+    if not _use_ffi("dact_lu", implementation, jnp.result_type(x)):
+        return reference.dact_lu(dz, x, act, params)
+    return primitives.dact_dbias(dz, x, act, params, False)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _activation(x, act, params, implementation):
+    return act_lu(x, act, act_params=params, implementation=implementation)
+
+
+def _activation_fwd(x, act, params, implementation):
+    return _activation(x, act, params, implementation), x
+
+
+def _activation_bwd(act, params, implementation, x, g):
+    return (dact_lu(g, x, act, act_params=params, implementation=implementation),)
+
+
+_activation.defvjp(_activation_fwd, _activation_bwd)
+
+
+def activation(
+    x: jax.Array,
+    activation_type: ActivationLike = ("gelu",),
+    act_params: ActivationParams | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Differentiable activation: ``act_lu`` forward, ``dact_lu`` backward (``custom_vjp``).
+
+    Works under ``jit``, ``vmap``, ``grad`` (and their compositions) and sharding.
+    """
+    act, params = _prepare("activation", x, activation_type, act_params, None)
+    return _activation(x, act, params, implementation)

@@ -1,0 +1,201 @@
+"""Activation types, their names, and their runtime parameters.
+
+The enum values are the ``act_enum`` attribute of the FFI targets (``ffi/common/activations.h``):
+TransformerEngine's ``NVTE_Activation_Type`` order for 0-11, te_jax's exact-GELU forms for 12-13.
+
+An activation is named by a tuple of TE's names (``("silu", "linear")``), a single string
+(``"swiglu"``; the gated forms have their own names), or the enum itself. Gated activations take
+``x`` of shape ``(..., 2, H)``: ``x[..., 0, :]`` feeds the activation, ``x[..., 1, :]`` the linear
+half, and the output is ``f(a) * b`` of shape ``(..., H)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+
+__all__ = ["ActivationType", "ActivationParams", "ClampedSwiGLUParams", "ActivationLike"]
+
+
+class ActivationType(enum.IntEnum):
+    """The activations of SPEC.md §1; the value is the FFI ``act_enum``."""
+
+    GELU = 0
+    GEGLU = 1
+    GLU = 2
+    SILU = 3
+    SWIGLU = 4
+    RELU = 5
+    REGLU = 6
+    QGELU = 7
+    QGEGLU = 8
+    SRELU = 9
+    SREGLU = 10
+    CLAMPED_SWIGLU = 11
+    GELU_EXACT = 12
+    GEGLU_EXACT = 13
+
+    @property
+    def is_gated(self) -> bool:
+        """Whether the activation takes an ``(..., 2, H)`` input and multiplies by a linear half."""
+        return len(_TUPLE_OF[self]) == 2
+
+    @property
+    def act_len(self) -> int:
+        """Size of the act axis: 2 for gated activations, 1 otherwise."""
+        return 2 if self.is_gated else 1
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """TE's tuple form, e.g. ``("silu", "linear")``."""
+        return _TUPLE_OF[self]
+
+    @property
+    def has_params(self) -> bool:
+        """Whether the activation takes runtime parameters (``act_params``)."""
+        return self is ActivationType.CLAMPED_SWIGLU
+
+    @classmethod
+    def parse(cls, activation_type: ActivationLike) -> ActivationType:
+        """Maps a tuple, a name or an enum to an ``ActivationType``.
+
+        Raises:
+          ValueError: for an unknown name, or a tuple that starts with ``"linear"``.
+          TypeError: for anything that is not a string, a sequence of strings or an enum.
+        """
+        if isinstance(activation_type, ActivationType):
+            return activation_type
+        if isinstance(activation_type, str):
+            key: str | tuple[str, ...] = activation_type.lower()
+        elif isinstance(activation_type, Sequence) and all(
+            isinstance(n, str) for n in activation_type
+        ):
+            key = tuple(n.lower() for n in activation_type)
+            if key and key[0] in ("linear", "clamped_linear") and len(key) > 1:
+                raise ValueError(
+                    f"activation_type {tuple(activation_type)!r} starts with the linear half; "
+                    f"gated activations are written (activation, 'linear'), e.g. "
+                    f"{(key[1], key[0])!r}"
+                )
+            if len(key) == 1:
+                key = key[0]
+        else:
+            raise TypeError(
+                "activation_type must be a name, a tuple of names or a te_jax.ActivationType, "
+                f"got {activation_type!r}"
+            )
+        found = _BY_TUPLE.get(key) if isinstance(key, tuple) else _BY_NAME.get(key)
+        if found is None:
+            raise ValueError(
+                f"unknown activation_type {activation_type!r}; valid names: "
+                f"{', '.join(sorted(_BY_NAME))}; valid tuples: "
+                f"{', '.join(repr(t) for t in _TUPLE_OF.values())}"
+            )
+        return found
+
+
+_TUPLE_OF: dict[ActivationType, tuple[str, ...]] = {
+    ActivationType.GELU: ("gelu",),
+    ActivationType.GEGLU: ("gelu", "linear"),
+    ActivationType.GLU: ("sigmoid", "linear"),
+    ActivationType.SILU: ("silu",),
+    ActivationType.SWIGLU: ("silu", "linear"),
+    ActivationType.RELU: ("relu",),
+    ActivationType.REGLU: ("relu", "linear"),
+    ActivationType.QGELU: ("quick_gelu",),
+    ActivationType.QGEGLU: ("quick_gelu", "linear"),
+    ActivationType.SRELU: ("squared_relu",),
+    ActivationType.SREGLU: ("squared_relu", "linear"),
+    ActivationType.CLAMPED_SWIGLU: ("clamped_silu", "clamped_linear"),
+    ActivationType.GELU_EXACT: ("gelu_exact",),
+    ActivationType.GEGLU_EXACT: ("gelu_exact", "linear"),
+}
+_BY_TUPLE = {t: a for a, t in _TUPLE_OF.items() if len(t) == 2}
+_BY_NAME: dict[str, ActivationType] = {
+    "gelu": ActivationType.GELU,
+    "geglu": ActivationType.GEGLU,
+    "glu": ActivationType.GLU,
+    "silu": ActivationType.SILU,
+    "swiglu": ActivationType.SWIGLU,
+    "relu": ActivationType.RELU,
+    "reglu": ActivationType.REGLU,
+    "quick_gelu": ActivationType.QGELU,
+    "qgelu": ActivationType.QGELU,
+    "qgeglu": ActivationType.QGEGLU,
+    "squared_relu": ActivationType.SRELU,
+    "srelu": ActivationType.SRELU,
+    "sreglu": ActivationType.SREGLU,
+    "clamped_swiglu": ActivationType.CLAMPED_SWIGLU,
+    "gelu_exact": ActivationType.GELU_EXACT,
+    "geglu_exact": ActivationType.GEGLU_EXACT,
+}
+
+ActivationLike = ActivationType | str | Sequence[str]
+
+
+def _as_float(name: str, value) -> float:
+    try:
+        f = float(value)
+    except TypeError as e:  # e.g. a tracer: parameters are static
+        raise TypeError(f"{name} must be a Python float (it is static), got {value!r}") from e
+    if not math.isfinite(f):
+        raise ValueError(f"{name} must be finite, got {f}")
+    return f
+
+
+@dataclasses.dataclass(frozen=True)
+class ClampedSwiGLUParams:
+    """GPT-OSS clamped SwiGLU: ``y = min(a, limit)·σ(alpha·min(a, limit)) · (clip(b, ±limit) + offset)``."""
+
+    limit: float = 7.0
+    alpha: float = 1.702
+    glu_linear_offset: float = 1.0
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, _as_float(field.name, getattr(self, field.name)))
+        if self.limit <= 0:
+            raise ValueError(f"ClampedSwiGLUParams.limit must be > 0, got {self.limit}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationParams:
+    """Runtime parameters of the parametrised activations. Frozen and hashable (a static arg)."""
+
+    clamped_swiglu: ClampedSwiGLUParams | None = None
+
+    @classmethod
+    def create(cls, activation_type: ActivationLike, **kwargs) -> ActivationParams | None:
+        """``ActivationParams.create("clamped_swiglu", limit=7.0)``; ``None`` for plain activations."""
+        act = ActivationType.parse(activation_type)
+        if act is ActivationType.CLAMPED_SWIGLU:
+            return cls(clamped_swiglu=ClampedSwiGLUParams(**kwargs))
+        if kwargs:
+            raise ValueError(f"activation {act.name.lower()} takes no parameters, got {kwargs}")
+        return None
+
+    @staticmethod
+    def resolve(act: ActivationType, act_params) -> ActivationParams | None:
+        """The canonical parameters of ``act``: defaults filled in; ``None`` when it has none.
+
+        Raises ValueError when parameters are given to an activation that has none.
+        """
+        if isinstance(act_params, ClampedSwiGLUParams):
+            act_params = ActivationParams(clamped_swiglu=act_params)
+        if act_params is not None and not isinstance(act_params, ActivationParams):
+            raise TypeError(
+                "act_params must be a te_jax.ActivationParams (or ClampedSwiGLUParams), "
+                f"got {type(act_params).__name__}"
+            )
+        if act is ActivationType.CLAMPED_SWIGLU:
+            if act_params is None or act_params.clamped_swiglu is None:
+                return ActivationParams(clamped_swiglu=ClampedSwiGLUParams())
+            return act_params
+        if act_params is not None and act_params.clamped_swiglu is not None:
+            raise ValueError(
+                f"act_params were given for activation {act.name.lower()} {act.names}, which "
+                "takes no parameters (only clamped_swiglu does)"
+            )
+        return None

@@ -1,0 +1,150 @@
+"""The ``act_lu`` primitive family: activation forward (``ActLuFFI``, target ``te_jax_act_lu``).
+
+Shapes: ``x (rows..., [2,] H) -> y (rows..., H)`` in x's dtype; with ``output_amax`` also
+``amax = max|y|`` as float32 of shape ``(1,)`` (over the global tensor when sharded).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.core import ShapedArray
+from jax.interpreters import batching
+
+from te_jax import reference
+from te_jax.activation_types import ActivationParams, ActivationType
+from te_jax.primitives import base
+
+TARGET = "te_jax_act_lu"
+
+# ---- inner: the FFI call with its full contract ----------------------------------------------
+
+act_lu_ffi_p = base.make_primitive("te_jax_act_lu_ffi")
+
+
+def _y_shape(x_shape, act: ActivationType):
+    return tuple(x_shape[:-2]) + (x_shape[-1],) if act.is_gated else tuple(x_shape)
+
+
+@act_lu_ffi_p.def_abstract_eval
+def _act_lu_ffi_abstract(x, scale, amax, *, act, params, output_amax):
+    f32 = jnp.float32
+    return (
+        ShapedArray(_y_shape(x.shape, act), x.dtype),  # output
+        ShapedArray((0,), x.dtype),  # colwise_output (quantized modes only)
+        ShapedArray((0,), f32),  # scale_inv
+        ShapedArray((0,), f32),  # colwise_scale_inv
+        ShapedArray((1,) if output_amax else (0,), f32),  # updated_amax
+    )
+
+
+base.register_ffi_lowering(
+    act_lu_ffi_p,
+    TARGET,
+    lambda *, act, params, output_amax: dict(
+        act_enum=np.int64(act),
+        scaling_mode=base.NO_SCALING,
+        quantize_layout=base.ROWWISE,
+        act_params=base.act_params_attr(params),
+        output_amax=np.bool_(output_amax),
+    ),
+)
+
+
+def _kernel(x, act, params, output_amax):
+    """The local computation: one FFI call (zero-size inputs need no kernel)."""
+    if x.size == 0:
+        y = jnp.zeros(_y_shape(x.shape, act), x.dtype)
+        return [y, jnp.zeros((1,), jnp.float32)] if output_amax else [y]
+    one = jnp.ones((1,), jnp.float32)
+    zero = jnp.zeros((1,), jnp.float32)
+    y, _, _, _, amax = act_lu_ffi_p.bind(
+        x, one, zero, act=act, params=params, output_amax=output_amax
+    )
+    return [y, amax] if output_amax else [y]
+
+
+# ---- sharding ---------------------------------------------------------------------------------
+
+
+def _sharding_rule(act, params, output_amax, mesh, operand_types, result_types):
+    rank = len(operand_types[0].shape)
+    rows = base.row_factor_names(rank - act.act_len)
+    x = rows + (["k"] if act.is_gated else []) + ["h"]
+    results = [" ".join(rows + ["h"])] + (["z"] if output_amax else [])
+    rule = f"{' '.join(x)} -> {', '.join(results)}"
+    return rule, ({"need_replication_factors": ("k",)} if act.is_gated else {})
+
+
+def _partition(act, params, output_amax, mesh, arg_shapes, result_shape):
+    rank = len(arg_shapes[0].shape)
+    x_spec = base.spec_of(arg_shapes[0], rank)
+    if act.is_gated:
+        x_spec[-2] = None  # the act axis is never split: a and b of one column stay together
+    y_spec = x_spec[:-2] + x_spec[-1:] if act.is_gated else x_spec
+    out_shardings = [base.named(mesh, y_spec)]
+    if output_amax:
+        out_shardings.append(base.named(mesh, [None]))
+    axes = base.mesh_axes(x_spec)
+
+    def lower(x):
+        outs = _kernel(x, act, params, output_amax)
+        if output_amax and axes:
+            outs[1] = lax.pmax(outs[1], axes)
+        return outs
+
+    return mesh, lower, out_shardings, (base.named(mesh, x_spec),)
+
+
+_STATICS = ("act", "params", "output_amax")
+_partitioned = base.make_partitioned(_kernel, 1, _STATICS, _partition, _sharding_rule)
+
+# ---- outer: what the public API binds ---------------------------------------------------------
+
+act_lu_p = base.make_primitive("te_jax_act_lu")
+
+
+@act_lu_p.def_abstract_eval
+def _act_lu_abstract(x, *, act, params, output_amax):
+    y = ShapedArray(_y_shape(x.shape, act), x.dtype)
+    return (y, ShapedArray((1,), jnp.float32)) if output_amax else (y,)
+
+
+def _reference(x, *, act, params, output_amax):
+    y = reference.act_lu(x, act, params)
+    if not output_amax:
+        return [y]
+    return [y, jnp.max(jnp.abs(y.astype(jnp.float32)), initial=0.0).reshape(1)]
+
+
+base.register_outer_lowering(
+    act_lu_p,
+    lambda x, **p: _partitioned(x, **p),
+    _reference,
+)
+
+
+def _act_lu_batch(args, dims, *, act, params, output_amax):
+    (x,), (d,) = args, dims
+    x = jnp.moveaxis(x, d, 0)  # feature axes stay trailing: the batch axis becomes a row axis
+    (y,) = act_lu_p.bind(x, act=act, params=params, output_amax=False)
+    if not output_amax:
+        return [y], [0]
+    # One amax per batch element; rare (unquantized amax under vmap), so a second pass is fine.
+    amax = jnp.max(jnp.abs(y.astype(jnp.float32)).reshape(y.shape[0], -1), axis=1, initial=0.0)
+    return [y, amax[:, None]], [0, 0]
+
+
+batching.primitive_batchers[act_lu_p] = _act_lu_batch
+
+
+def act_lu(
+    x: jax.Array,
+    act: ActivationType,
+    params: ActivationParams | None,
+    output_amax: bool = False,
+) -> list[jax.Array]:
+    """Binds the outer primitive: ``[y]``, or ``[y, amax]`` with ``output_amax``."""
+    return act_lu_p.bind(x, act=act, params=params, output_amax=output_amax)

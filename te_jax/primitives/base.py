@@ -1,0 +1,132 @@
+"""Machinery shared by the te_jax primitives.
+
+Every FFI op family is two primitives:
+
+* an **inner** primitive that lowers to the XLA FFI custom call (same target name on ``cpu`` and
+  ``cuda``), with every buffer of the FFI contract (scales, amax, workspace) in its signature;
+* an **outer** primitive, the one the public functions bind: it has the user-facing signature, an
+  abstract evaluation, a batching rule that folds the vmapped axis into the kernel's rows, and a
+  lowering that goes through ``custom_partitioning`` (so a sharded input is split, never
+  all-gathered) on platforms with kernels, and through the pure-JAX reference elsewhere.
+
+``custom_partitioning`` has no batching or AD rule; it therefore sits inside the outer
+primitive's lowering, and ``custom_vjp`` (in ``te_jax.activation``) sits outside everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import mlir, xla
+from jax.sharding import NamedSharding, PartitionSpec
+
+from te_jax._ffi import registered_platforms
+from te_jax.activation_types import ActivationParams
+
+# Lowering platforms te_jax has kernels for (when its extension is built).
+KERNEL_PLATFORMS = ("cpu", "cuda")
+
+# Attribute values of the quantization arguments for the unquantized path (SPEC.md §4).
+NO_SCALING = np.int64(0)
+ROWWISE = np.int64(0)
+
+
+def act_params_attr(params: ActivationParams | None) -> dict:
+    """The ``act_params`` struct attribute; the FFI always receives every field."""
+    c = params.clamped_swiglu if params is not None and params.clamped_swiglu else None
+    limit, alpha, offset = (c.limit, c.alpha, c.glu_linear_offset) if c else (7.0, 1.702, 1.0)
+    return {
+        "clamped_swiglu": {
+            "limit": np.float32(limit),
+            "alpha": np.float32(alpha),
+            "glu_linear_offset": np.float32(offset),
+        }
+    }
+
+
+def make_primitive(name: str) -> Primitive:
+    p = Primitive(name)
+    p.multiple_results = True
+    p.def_impl(lambda *args, **params: xla.apply_primitive(p, *args, **params))
+    return p
+
+
+def register_ffi_lowering(inner: Primitive, target: str, attrs: Callable[..., dict]) -> None:
+    """Lowers ``inner`` to the FFI call ``target`` on every kernel platform.
+
+    ``attrs(**params)`` maps the primitive's (hashable) params to exact numpy attribute values.
+    """
+    lower = jax.ffi.ffi_lowering(target)
+
+    def rule(ctx, *operands, **params):
+        return lower(ctx, *operands, **attrs(**params))
+
+    for platform in KERNEL_PLATFORMS:
+        mlir.register_lowering(inner, rule, platform=platform)
+
+
+def register_outer_lowering(outer: Primitive, partitioned: Callable, reference: Callable) -> None:
+    """Lowers ``outer`` through ``partitioned`` where kernels exist, else through ``reference``.
+
+    Both callables take the primitive's operands and params as keyword arguments and return the
+    list of results.
+    """
+    mlir.register_lowering(outer, mlir.lower_fun(reference, multiple_results=True))
+    for platform in registered_platforms():
+        mlir.register_lowering(
+            outer, mlir.lower_fun(partitioned, multiple_results=True), platform=platform
+        )
+
+
+def make_partitioned(
+    impl: Callable,
+    n_operands: int,
+    static_names: Sequence[str],
+    partition: Callable,
+    sharding_rule: Callable,
+) -> Callable:
+    """Wraps ``impl(*operands, *statics)`` in ``custom_partitioning``.
+
+    Returns ``fn(*operands, **params)`` taking the statics by name. ``partition`` and
+    ``sharding_rule`` receive the statics first (``custom_partitioning``'s convention).
+    """
+    static_argnums = tuple(range(n_operands, n_operands + len(static_names)))
+    cp = custom_partitioning(impl, static_argnums=static_argnums)
+    cp.def_partition(partition=partition, sharding_rule=sharding_rule)
+
+    def call(*operands, **params):
+        return cp(*operands, *(params[n] for n in static_names))
+
+    return call
+
+
+def spec_of(arg_shape, rank: int) -> list:
+    """The PartitionSpec of an argument as a list padded to ``rank`` entries."""
+    sharding = getattr(arg_shape, "sharding", None)
+    spec = list(getattr(sharding, "spec", ()) or ())
+    return spec + [None] * (rank - len(spec))
+
+
+def mesh_axes(entries: Sequence) -> tuple[str, ...]:
+    """Mesh axis names used by the given PartitionSpec entries."""
+    axes: list[str] = []
+    for e in entries:
+        if e is None:
+            continue
+        for a in e if isinstance(e, tuple) else (e,):
+            if a not in axes:
+                axes.append(a)
+    return tuple(axes)
+
+
+def named(mesh, spec: Sequence) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def row_factor_names(n: int) -> list[str]:
+    """Factor names for the leading (row) axes in a Shardy sharding rule."""
+    return [f"r{i}" for i in range(n)]

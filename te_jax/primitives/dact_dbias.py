@@ -1,0 +1,247 @@
+"""The ``dact_dbias`` primitive family: activation gradient, optional dbias
+(``DActLuDBiasQuantizeFFI``, target ``te_jax_dact_dbias_quantize``).
+
+Shapes: ``dz (batch..., rows..., H)``, ``x (batch..., rows..., [2,] H)`` ->
+``dx`` of x's shape; with ``is_dbias`` also ``dbias (batch..., [2,] H)``, the float32 sum of dx
+over the row axes in x's dtype. The leading ``n_batch`` axes are vmapped axes folded into the
+kernel's rows: each keeps its own dbias. With ``output_amax``: ``amax = max|dx|`` (float32, (1,)).
+
+dbias is reduced deterministically in two stages: the kernel writes per-row-group float32 partial
+sums to a workspace ``[batches, groups, act_len * H]`` and sums them in a fixed order. The group
+count depends only on the shape (``dbias_groups``), so the result never depends on the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.core import ShapedArray
+from jax.interpreters import batching
+
+from te_jax import reference
+from te_jax.activation_types import ActivationParams, ActivationType
+from te_jax.primitives import base
+
+TARGET = "te_jax_dact_dbias_quantize"
+
+# Row groups per batch for the two-stage dbias reduction: at least 256 rows a group (so the
+# float32 workspace stays ~1% of the traffic), at most 128 groups (enough parallel work).
+_ROWS_PER_GROUP = 256
+_MAX_GROUPS = 128
+
+
+def dbias_groups(rows_per_batch: int) -> int:
+    return max(1, min(_MAX_GROUPS, math.ceil(rows_per_batch / _ROWS_PER_GROUP)))
+
+
+def _feature_shape(x_shape, act: ActivationType):
+    return tuple(x_shape[-act.act_len :])
+
+
+# ---- inner: the FFI call with its full contract ----------------------------------------------
+
+dact_dbias_ffi_p = base.make_primitive("te_jax_dact_dbias_ffi")
+
+
+@dact_dbias_ffi_p.def_abstract_eval
+def _ffi_abstract(dz, x, scale, amax, *, act, params, is_dbias, n_batch, output_amax):
+    f32 = jnp.float32
+    feature = _feature_shape(x.shape, act)
+    if is_dbias:
+        batches = math.prod(x.shape[:n_batch])
+        rows = math.prod(x.shape[n_batch : x.ndim - act.act_len])
+        dbias = ShapedArray(tuple(x.shape[:n_batch]) + feature, x.dtype)
+        workspace = ShapedArray((batches, dbias_groups(rows), math.prod(feature)), f32)
+    else:
+        dbias = ShapedArray((0,), x.dtype)
+        workspace = ShapedArray((0,), f32)
+    return (
+        ShapedArray(x.shape, x.dtype),  # output
+        ShapedArray((0,), x.dtype),  # colwise_output (quantized modes only)
+        ShapedArray((0,), f32),  # scale_inv
+        ShapedArray((0,), f32),  # colwise_scale_inv
+        ShapedArray((1,) if output_amax else (0,), f32),  # updated_amax
+        dbias,
+        workspace,
+    )
+
+
+base.register_ffi_lowering(
+    dact_dbias_ffi_p,
+    TARGET,
+    lambda *, act, params, is_dbias, n_batch, output_amax: dict(
+        scaling_mode=base.NO_SCALING,
+        act_enum=np.int64(act),
+        quantize_layout=base.ROWWISE,
+        is_dbias=np.bool_(is_dbias),
+        act_params=base.act_params_attr(params),
+        output_amax=np.bool_(output_amax),
+    ),
+)
+
+
+def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=False):
+    """The local computation. Returns ``[dx, (dbias), (amax)]``.
+
+    With ``dbias_from_workspace`` the dbias is returned as float32 partial sums of the local rows
+    (summed from the kernel's workspace) so that a cross-shard sum keeps float32 precision.
+    """
+    feature = _feature_shape(x.shape, act)
+    dbias_shape = tuple(x.shape[:n_batch]) + feature
+    if x.size == 0:
+        outs = [jnp.zeros(x.shape, x.dtype)]
+        if is_dbias:
+            dt = jnp.float32 if dbias_from_workspace else x.dtype
+            outs.append(jnp.zeros(dbias_shape, dt))
+        if output_amax:
+            outs.append(jnp.zeros((1,), jnp.float32))
+        return outs
+    one = jnp.ones((1,), jnp.float32)
+    zero = jnp.zeros((1,), jnp.float32)
+    dx, _, _, _, amax, dbias, workspace = dact_dbias_ffi_p.bind(
+        dz,
+        x,
+        one,
+        zero,
+        act=act,
+        params=params,
+        is_dbias=is_dbias,
+        n_batch=n_batch,
+        output_amax=output_amax,
+    )
+    outs = [dx]
+    if is_dbias:
+        outs.append(workspace.sum(axis=1).reshape(dbias_shape) if dbias_from_workspace else dbias)
+    if output_amax:
+        outs.append(amax)
+    return outs
+
+
+# ---- sharding ---------------------------------------------------------------------------------
+
+
+def _sharding_rule(act, params, is_dbias, n_batch, output_amax, mesh, operand_types, result_types):
+    rank = len(operand_types[1].shape)
+    lead = base.row_factor_names(rank - act.act_len)
+    k = ["k"] if act.is_gated else []
+    dz = " ".join(lead + ["h"])
+    x = " ".join(lead + k + ["h"])
+    results = [x]
+    if is_dbias:
+        results.append(" ".join(lead[:n_batch] + k + ["h"]))
+    if output_amax:
+        results.append("z")
+    kwargs = {}
+    if act.is_gated:
+        kwargs["need_replication_factors"] = ("k",)
+    if is_dbias and len(lead) > n_batch:
+        kwargs["reduction_factors"] = tuple(lead[n_batch:])
+    return f"{dz}, {x} -> {', '.join(results)}", kwargs
+
+
+def _partition(act, params, is_dbias, n_batch, output_amax, mesh, arg_shapes, result_shape):
+    rank = len(arg_shapes[1].shape)
+    x_spec = base.spec_of(arg_shapes[1], rank)
+    if act.is_gated:
+        x_spec[-2] = None  # never split the act axis
+    dz_spec = x_spec[:-2] + x_spec[-1:] if act.is_gated else list(x_spec)
+    n_lead = rank - act.act_len
+    row_axes = base.mesh_axes(x_spec[n_batch:n_lead])
+    out_shardings = [base.named(mesh, x_spec)]
+    if is_dbias:
+        out_shardings.append(base.named(mesh, x_spec[:n_batch] + x_spec[n_lead:]))
+    if output_amax:
+        out_shardings.append(base.named(mesh, [None]))
+    all_axes = base.mesh_axes(x_spec)
+
+    def lower(dz, x):
+        reduce_dbias = is_dbias and bool(row_axes)
+        outs = _kernel(
+            dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=reduce_dbias
+        )
+        if reduce_dbias:  # partial sums of the local rows -> the global dbias
+            outs[1] = lax.psum(outs[1], row_axes).astype(x.dtype)
+        if output_amax and all_axes:
+            outs[-1] = lax.pmax(outs[-1], all_axes)
+        return outs
+
+    arg_shardings = (base.named(mesh, dz_spec), base.named(mesh, x_spec))
+    return mesh, lower, out_shardings, arg_shardings
+
+
+_STATICS = ("act", "params", "is_dbias", "n_batch", "output_amax")
+_partitioned = base.make_partitioned(_kernel, 2, _STATICS, _partition, _sharding_rule)
+
+# ---- outer: what the public API binds ---------------------------------------------------------
+
+dact_dbias_p = base.make_primitive("te_jax_dact_dbias")
+
+
+@dact_dbias_p.def_abstract_eval
+def _abstract(dz, x, *, act, params, is_dbias, n_batch, output_amax):
+    outs = [ShapedArray(x.shape, x.dtype)]
+    if is_dbias:
+        outs.append(ShapedArray(tuple(x.shape[:n_batch]) + _feature_shape(x.shape, act), x.dtype))
+    if output_amax:
+        outs.append(ShapedArray((1,), jnp.float32))
+    return outs
+
+
+def _reference(dz, x, *, act, params, is_dbias, n_batch, output_amax):
+    if is_dbias:
+        # Sum over the row axes only: the leading n_batch axes keep their own dbias.
+        dxf = reference._dact_compute(dz, x, act, params)
+        dx = dxf.astype(x.dtype)
+        dbias = jnp.sum(dxf, axis=tuple(range(n_batch, x.ndim - act.act_len))).astype(x.dtype)
+        outs = [dx, dbias]
+    else:
+        dx = reference.dact_lu(dz, x, act, params)
+        outs = [dx]
+    if output_amax:
+        outs.append(jnp.max(jnp.abs(dx.astype(jnp.float32)), initial=0.0).reshape(1))
+    return outs
+
+
+base.register_outer_lowering(
+    dact_dbias_p,
+    lambda dz, x, **p: _partitioned(dz, x, **p),
+    _reference,
+)
+
+
+def _batch(args, dims, *, act, params, is_dbias, n_batch, output_amax):
+    # An unmapped operand has bdim None; it is broadcast. The batch axis goes to the front and
+    # becomes the first dbias batch axis.
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    dz, x = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims))
+    outs = dact_dbias_p.bind(
+        dz, x, act=act, params=params, is_dbias=is_dbias, n_batch=n_batch + 1, output_amax=False
+    )
+    out_dims = [0] * len(outs)
+    if output_amax:
+        dx = outs[0]
+        amax = jnp.max(jnp.abs(dx.astype(jnp.float32)).reshape(size, -1), axis=1, initial=0.0)
+        outs = list(outs) + [amax[:, None]]
+        out_dims.append(0)
+    return outs, out_dims
+
+
+batching.primitive_batchers[dact_dbias_p] = _batch
+
+
+def dact_dbias(
+    dz: jax.Array,
+    x: jax.Array,
+    act: ActivationType,
+    params: ActivationParams | None,
+    is_dbias: bool,
+    output_amax: bool = False,
+) -> list[jax.Array]:
+    """Binds the outer primitive: ``[dx, (dbias), (amax)]``."""
+    return dact_dbias_p.bind(
+        dz, x, act=act, params=params, is_dbias=is_dbias, n_batch=0, output_amax=output_amax
+    )

@@ -1,0 +1,301 @@
+"""Pure-JAX implementations of every te_jax op.
+
+This is the ``implementation="xla"`` path, the fallback on backends without kernels, and the
+oracle the kernels are tested against. Each activation is defined here once, as a function
+returning its value and derivative (the same pairs as ``ffi/common/activations.h``), so the
+derivative at ties follows SPEC.md (``relu'(0) = 0``, inclusive clamp masks) rather than
+autodiff's conventions.
+
+Arithmetic is float32 (float64 for float64 inputs); results are rounded once to the input dtype.
+
+Shapes: non-gated ``x (..., H) -> y (..., H)``; gated ``x (..., 2, H) -> y (..., H)`` with
+``y = f(x[..., 0, :]) * lin(x[..., 1, :])``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+
+__all__ = [
+    "act_lu",
+    "dact_lu",
+    "quantize_dact_dbias",
+    "activation",
+    "bias_gelu",
+    "bgrad_dgelu",
+    "bias_silu",
+    "bgrad_dsilu",
+    "bias_relu",
+    "bgrad_drelu",
+    "bias_quick_gelu",
+    "bgrad_dquick_gelu",
+    "bias_squared_relu",
+    "bgrad_dsquared_relu",
+    "bias_dropout_add",
+    "get_bias_dropout_add",
+]
+
+_GELU_K = 0.7978845608028654  # sqrt(2/pi)
+_GELU_C = 0.044715
+_INV_SQRT2 = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+
+# ---------------------------------------------------------------------------------------------
+# Each activation once: x -> (f(x), f'(x)).
+
+
+def _gelu(x, p):
+    # 0.5*(1 + tanh(u)) == sigmoid(2u): one transcendental for value and derivative.
+    x2 = x * x
+    s = jax.nn.sigmoid(2.0 * _GELU_K * x * (1.0 + _GELU_C * x2))
+    return x * s, s + 2.0 * x * s * (1.0 - s) * _GELU_K * (1.0 + 3.0 * _GELU_C * x2)
+
+
+def _gelu_exact(x, p):
+    cdf = 0.5 * (1.0 + lax.erf(x * _INV_SQRT2))
+    return x * cdf, cdf + x * _INV_SQRT_2PI * jnp.exp(-0.5 * x * x)
+
+
+def _sigmoid(x, p):
+    s = jax.nn.sigmoid(x)
+    return s, s * (1.0 - s)
+
+
+def _swish(x, beta):
+    s = jax.nn.sigmoid(beta * x)
+    return x * s, s + beta * x * s * (1.0 - s)
+
+
+def _silu(x, p):
+    return _swish(x, 1.0)
+
+
+def _quick_gelu(x, p):
+    return _swish(x, 1.702)
+
+
+def _relu(x, p):
+    pos = x > 0
+    return jnp.where(pos, x, 0.0).astype(x.dtype), jnp.where(pos, 1.0, 0.0).astype(x.dtype)
+
+
+def _squared_relu(x, p):
+    pos = x > 0
+    return jnp.where(pos, x * x, 0.0).astype(x.dtype), jnp.where(pos, 2.0 * x, 0.0).astype(x.dtype)
+
+
+def _clamped_silu(x, p):
+    c = p.clamped_swiglu
+    f, df = _swish(jnp.minimum(x, c.limit), c.alpha)
+    return f, jnp.where(x <= c.limit, df, 0.0).astype(x.dtype)
+
+
+def _identity(b, p):
+    return b, jnp.ones_like(b)
+
+
+def _clamped_linear(b, p):
+    c = p.clamped_swiglu
+    inside = (b >= -c.limit) & (b <= c.limit)
+    return jnp.clip(b, -c.limit, c.limit) + c.glu_linear_offset, jnp.where(inside, 1.0, 0.0).astype(
+        b.dtype
+    )
+
+
+_Pair = Callable[..., tuple[jax.Array, jax.Array]]
+
+_ACT: dict[ActivationType, tuple[_Pair, _Pair | None]] = {
+    ActivationType.GELU: (_gelu, None),
+    ActivationType.GEGLU: (_gelu, _identity),
+    ActivationType.GLU: (_sigmoid, _identity),
+    ActivationType.SILU: (_silu, None),
+    ActivationType.SWIGLU: (_silu, _identity),
+    ActivationType.RELU: (_relu, None),
+    ActivationType.REGLU: (_relu, _identity),
+    ActivationType.QGELU: (_quick_gelu, None),
+    ActivationType.QGEGLU: (_quick_gelu, _identity),
+    ActivationType.SRELU: (_squared_relu, None),
+    ActivationType.SREGLU: (_squared_relu, _identity),
+    ActivationType.CLAMPED_SWIGLU: (_clamped_silu, _clamped_linear),
+    ActivationType.GELU_EXACT: (_gelu_exact, None),
+    ActivationType.GEGLU_EXACT: (_gelu_exact, _identity),
+}
+
+
+def _compute_dtype(dtype) -> jnp.dtype:
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _resolve(activation_type, act_params) -> tuple[ActivationType, ActivationParams | None]:
+    act = ActivationType.parse(activation_type)
+    return act, ActivationParams.resolve(act, act_params)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops.
+
+
+def act_lu(x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None) -> jax.Array:
+    """Activation forward: ``(..., H) -> (..., H)``, or gated ``(..., 2, H) -> (..., H)``."""
+    act, params = _resolve(activation_type, act_params)
+    fn, lin = _ACT[act]
+    xf = x.astype(_compute_dtype(x.dtype))
+    if lin is None:
+        y = fn(xf, params)[0]
+    else:
+        y = fn(xf[..., 0, :], params)[0] * lin(xf[..., 1, :], params)[0]
+    return y.astype(x.dtype)
+
+
+def _dact_compute(dz, x, act, params):
+    """The activation gradient in the compute dtype, with x's shape."""
+    fn, lin = _ACT[act]
+    cdt = _compute_dtype(x.dtype)
+    g = dz.astype(cdt)
+    xf = x.astype(cdt)
+    if lin is None:
+        return fn(xf, params)[1] * g
+    f, df = fn(xf[..., 0, :], params)
+    v, dv = lin(xf[..., 1, :], params)
+    return jnp.stack([df * g * v, dv * g * f], axis=-2)
+
+
+def dact_lu(
+    dz: jax.Array, x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None
+) -> jax.Array:
+    """Activation gradient: ``dz (..., H)``, ``x`` as for ``act_lu`` -> ``dx`` of x's shape.
+
+    Gated: ``dx[..., 0, :] = f'(a)·dz·lin(b)``, ``dx[..., 1, :] = lin'(b)·dz·f(a)``.
+    """
+    act, params = _resolve(activation_type, act_params)
+    return _dact_compute(dz, x, act, params).astype(x.dtype)
+
+
+def quantize_dact_dbias(
+    dz: jax.Array,
+    x: jax.Array,
+    activation_type: ActivationLike = ("gelu",),
+    is_dbias: bool = True,
+    act_params=None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """``dact_lu`` and ``dbias``: the float32 sum of dx over every axis but the feature axes.
+
+    ``dbias`` has shape ``(H,)`` (non-gated) or ``(2, H)`` (gated), in x's dtype.
+    """
+    act, params = _resolve(activation_type, act_params)
+    dxf = _dact_compute(dz, x, act, params)
+    if not is_dbias:
+        return dxf.astype(x.dtype), None
+    feature_rank = 2 if act.is_gated else 1
+    dbias = jnp.sum(dxf, axis=tuple(range(dxf.ndim - feature_rank)))
+    return dxf.astype(x.dtype), dbias.astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _activation(x, act, params):
+    return act_lu(x, act, params)
+
+
+def _activation_fwd(x, act, params):
+    return act_lu(x, act, params), x
+
+
+def _activation_bwd(act, params, x, g):
+    return (dact_lu(g, x, act, params),)
+
+
+_activation.defvjp(_activation_fwd, _activation_bwd)
+
+
+def activation(
+    x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None
+) -> jax.Array:
+    """Differentiable ``act_lu`` whose gradient is ``dact_lu`` (SPEC.md derivatives)."""
+    act, params = _resolve(activation_type, act_params)
+    return _activation(x, act, params)
+
+
+# ---------------------------------------------------------------------------------------------
+# TE's jit-fused bias helpers. bias_<act>(x, bias) = act(x + bias);
+# bgrad_d<act>(grad, x, bias) = (bgrad, dact) with dact = grad * act'(x + bias) and bgrad the
+# sum of dact over every leading axis (bias's shape). Elementwise jnp, so XLA fuses them.
+
+
+def _bias_act(act: ActivationType):
+    fn = _ACT[act][0]
+
+    def bias_act(x: jax.Array, bias: jax.Array) -> jax.Array:
+        cdt = _compute_dtype(jnp.result_type(x, bias))
+        return fn(x.astype(cdt) + bias.astype(cdt), None)[0].astype(x.dtype)
+
+    bias_act.__name__ = f"bias_{act.names[0]}"
+    bias_act.__doc__ = f"``{act.names[0]}(x + bias)``, computed in float32, in x's dtype."
+    return bias_act
+
+
+def _bgrad_dact(act: ActivationType):
+    fn = _ACT[act][0]
+
+    def bgrad_dact(grad: jax.Array, x: jax.Array, bias: jax.Array):
+        cdt = _compute_dtype(jnp.result_type(x, bias))
+        dact = fn(x.astype(cdt) + bias.astype(cdt), None)[1] * grad.astype(cdt)
+        bgrad = jnp.sum(dact, axis=tuple(range(dact.ndim - bias.ndim)))
+        return bgrad.astype(bias.dtype), dact.astype(x.dtype)
+
+    bgrad_dact.__name__ = f"bgrad_d{act.names[0]}"
+    bgrad_dact.__doc__ = (
+        f"``(bgrad, dact)``: ``dact = grad * {act.names[0]}'(x + bias)`` and ``bgrad`` its sum "
+        "over the leading axes (bias's shape)."
+    )
+    return bgrad_dact
+
+
+bias_gelu = _bias_act(ActivationType.GELU)
+bgrad_dgelu = _bgrad_dact(ActivationType.GELU)
+bias_silu = _bias_act(ActivationType.SILU)
+bgrad_dsilu = _bgrad_dact(ActivationType.SILU)
+bias_relu = _bias_act(ActivationType.RELU)
+bgrad_drelu = _bgrad_dact(ActivationType.RELU)
+bias_quick_gelu = _bias_act(ActivationType.QGELU)
+bgrad_dquick_gelu = _bgrad_dact(ActivationType.QGELU)
+bias_squared_relu = _bias_act(ActivationType.SRELU)
+bgrad_dsquared_relu = _bgrad_dact(ActivationType.SRELU)
+
+
+def bias_dropout_add(
+    x: jax.Array,
+    bias: jax.Array | None,
+    residual: jax.Array,
+    prob: float,
+    key: jax.Array | None,
+    training: bool,
+) -> jax.Array:
+    """``residual + dropout(x + bias, prob)``; dropout keeps with probability ``1 - prob`` and
+    scales kept values by ``1 / (1 - prob)``. With ``training=False`` or ``prob == 0`` it is
+    ``residual + x + bias`` exactly and ``key`` may be ``None``."""
+    h = x if bias is None else x + bias
+    if training and not (isinstance(prob, (int, float)) and prob == 0.0):
+        if key is None:
+            raise ValueError("bias_dropout_add: training with prob > 0 needs a PRNG key")
+        if isinstance(prob, (int, float)) and not 0.0 <= prob < 1.0:
+            raise ValueError(f"bias_dropout_add: prob must be in [0, 1), got {prob}")
+        keep = jax.random.bernoulli(key, 1.0 - prob, h.shape)
+        h = jnp.where(keep, h / (1.0 - prob), 0.0).astype(h.dtype)
+    return (residual + h).astype(residual.dtype)
+
+
+def get_bias_dropout_add(training: bool) -> Callable[..., jax.Array]:
+    """``fn(x, bias, residual, prob, key)`` with ``training`` bound (TE's factory)."""
+
+    def fn(x, bias, residual, prob, key=None):
+        return bias_dropout_add(x, bias, residual, prob, key, training)
+
+    fn.__name__ = "bias_dropout_add_train" if training else "bias_dropout_add_eval"
+    return fn
