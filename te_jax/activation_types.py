@@ -147,7 +147,10 @@ def _as_float(name: str, value) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class ClampedSwiGLUParams:
-    """GPT-OSS clamped SwiGLU: ``y = min(a, limit)·σ(alpha·min(a, limit)) · (clip(b, ±limit) + offset)``."""
+    """GPT-OSS clamped SwiGLU parameters.
+
+    ``m = min(a, limit)``; ``y = m·σ(alpha·m) · (clip(b, -limit, limit) + glu_linear_offset)``.
+    """
 
     limit: float = 7.0
     alpha: float = 1.702
@@ -168,7 +171,7 @@ class ActivationParams:
 
     @classmethod
     def create(cls, activation_type: ActivationLike, **kwargs) -> ActivationParams | None:
-        """``ActivationParams.create("clamped_swiglu", limit=7.0)``; ``None`` for plain activations."""
+        """``ActivationParams.create("clamped_swiglu", limit=7.0)``; ``None`` for the others."""
         act = ActivationType.parse(activation_type)
         if act is ActivationType.CLAMPED_SWIGLU:
             return cls(clamped_swiglu=ClampedSwiGLUParams(**kwargs))

@@ -216,8 +216,8 @@ base.register_outer_lowering(
 def _batch(args, dims, *, act, params, is_dbias, n_batch, output_amax):
     # An unmapped operand has bdim None; it is broadcast. The batch axis goes to the front and
     # becomes the first dbias batch axis.
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    dz, x = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims))
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
+    dz, x = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True))
     outs = dact_dbias_p.bind(
         dz, x, act=act, params=params, is_dbias=is_dbias, n_batch=n_batch + 1, output_amax=False
     )
