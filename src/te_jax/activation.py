@@ -140,7 +140,7 @@ def act_lu(
     act, params = _prepare("act_lu", x, activation_type, act_params, quantizer)
     if not _use_ffi("act_lu", implementation, jnp.result_type(x)):
         return reference.act_lu(x, act, params)
-    return primitives.act_lu(x, act, params)[0]
+    return primitives.bind_act_lu(x, act, params)[0]
 
 
 def quantize_dact_dbias(
@@ -169,7 +169,7 @@ def quantize_dact_dbias(
     _check_dz(op, dz, x, act)
     if not _use_ffi(op, implementation, jnp.result_type(x)):
         return reference.quantize_dact_dbias(dz, x, act, is_dbias, params)
-    outs = primitives.dact_dbias(dz, x, act, params, bool(is_dbias))
+    outs = primitives.bind_dact_dbias(dz, x, act, params, bool(is_dbias))
     return outs[0], (outs[1] if is_dbias else None)
 
 
@@ -186,7 +186,7 @@ def dact_lu(
     _check_dz("dact_lu", dz, x, act)
     if not _use_ffi("dact_lu", implementation, jnp.result_type(x)):
         return reference.dact_lu(dz, x, act, params)
-    return primitives.dact_dbias(dz, x, act, params, False)[0]
+    return primitives.bind_dact_dbias(dz, x, act, params, False)[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))

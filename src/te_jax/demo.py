@@ -44,7 +44,9 @@ def adam_step(params, grads, state, step, lr=3e-3, b1=0.9, b2=0.999, eps=1e-8):
     t = step + 1
     params = jax.tree.map(
         lambda p, m, v: p - lr * (m / (1 - b1**t)) / (jnp.sqrt(v / (1 - b2**t)) + eps),
-        params, m, v,
+        params,
+        m,
+        v,
     )
     return params, {"m": m, "v": v}
 
@@ -73,8 +75,11 @@ def main(argv=None) -> int:
         params, state = adam_step(params, grads, state, step)
         return params, state, loss
 
-    grad_ffi = jax.jit(jax.value_and_grad(lambda p, x, y: loss_fn(p, x, y, "ffi" if
-                       te_jax.ffi_available(backend) else None)))
+    grad_ffi = jax.jit(
+        jax.value_and_grad(
+            lambda p, x, y: loss_fn(p, x, y, "ffi" if te_jax.ffi_available(backend) else None)
+        )
+    )
     grad_xla = jax.jit(jax.value_and_grad(lambda p, x, y: loss_fn(p, x, y, "xla")))
 
     # The compiled step must contain te_jax's custom calls when kernels exist.

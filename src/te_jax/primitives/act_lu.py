@@ -119,10 +119,11 @@ def _reference(x, *, act, params, output_amax):
     return [y, jnp.max(jnp.abs(y.astype(jnp.float32)), initial=0.0).reshape(1)]
 
 
-base.register_outer_lowering(
+base.register_outer_rules(
     act_lu_p,
-    lambda x, **p: _partitioned(x, **p),
-    _reference,
+    local=lambda x, **p: _kernel(x, **p),
+    partitioned=lambda x, **p: _partitioned(x, **p),
+    reference=_reference,
 )
 
 
@@ -140,7 +141,7 @@ def _act_lu_batch(args, dims, *, act, params, output_amax):
 batching.primitive_batchers[act_lu_p] = _act_lu_batch
 
 
-def act_lu(
+def bind_act_lu(
     x: jax.Array,
     act: ActivationType,
     params: ActivationParams | None,

@@ -69,17 +69,48 @@ def register_ffi_lowering(inner: Primitive, target: str, attrs: Callable[..., di
         mlir.register_lowering(inner, rule, platform=platform)
 
 
-def register_outer_lowering(outer: Primitive, partitioned: Callable, reference: Callable) -> None:
-    """Lowers ``outer`` through ``partitioned`` where kernels exist, else through ``reference``.
+def register_outer_rules(
+    outer: Primitive, local: Callable, partitioned: Callable, reference: Callable
+) -> None:
+    """Eager impl and lowerings of an outer primitive.
 
-    Both callables take the primitive's operands and params as keyword arguments and return the
-    list of results.
+    All three callables take the primitive's operands positionally and its params by keyword and
+    return the list of results: ``local`` runs the kernel on unsharded operands, ``partitioned``
+    is ``local`` under ``custom_partitioning``, ``reference`` is the pure-JAX path.
+
+    Under ``jit`` the op lowers through ``partitioned`` where kernels exist and through
+    ``reference`` elsewhere. Eager calls run ``local`` (or ``reference``) directly:
+    ``custom_partitioning`` needs the device assignment of a jitted computation.
     """
+
+    def eager(*operands, **params):
+        fn = local if jax.default_backend() in _lowering_platforms() else reference
+        return fn(*operands, **params)
+
+    outer.def_impl(eager)
+    _requires_devices_during_lowering(outer)
     mlir.register_lowering(outer, mlir.lower_fun(reference, multiple_results=True))
     for platform in registered_platforms():
         mlir.register_lowering(
             outer, mlir.lower_fun(partitioned, multiple_results=True), platform=platform
         )
+
+
+def _requires_devices_during_lowering(p: Primitive) -> None:
+    """``custom_partitioning`` lowers only with a concrete device assignment; JAX provides one
+    for the primitives in this (private) set, as it does for ``custom_partitioning`` itself.
+    Without it a single-device ``jit`` lowers abstractly and ``custom_partitioning`` fails."""
+    from jax._src import dispatch  # noqa: PLC0415 -- private, isolated here
+
+    dispatch.prim_requires_devices_during_lowering.add(p)
+
+
+def _lowering_platforms() -> frozenset[str]:
+    """Registered kernel platforms by JAX's backend names ("cuda" is the "gpu" backend)."""
+    platforms = set(registered_platforms())
+    if "cuda" in platforms:
+        platforms.add("gpu")
+    return frozenset(platforms)
 
 
 def make_partitioned(

@@ -138,8 +138,8 @@ def _sharding_rule(act, params, is_dbias, n_batch, output_amax, mesh, operand_ty
     kwargs = {}
     if act.is_gated:
         kwargs["need_replication_factors"] = ("k",)
-    if is_dbias and len(lead) > n_batch:
-        kwargs["reduction_factors"] = tuple(lead[n_batch:])
+    # The row factors are not declared reduction factors (they also map dx, which Shardy forbids
+    # for reduction factors); the partition callback psums the dbias partials itself.
     return f"{dz}, {x} -> {', '.join(results)}", kwargs
 
 
@@ -174,7 +174,15 @@ def _partition(act, params, is_dbias, n_batch, output_amax, mesh, arg_shapes, re
 
 
 _STATICS = ("act", "params", "is_dbias", "n_batch", "output_amax")
-_partitioned = base.make_partitioned(_kernel, 2, _STATICS, _partition, _sharding_rule)
+
+
+def _local(dz, x, act, params, is_dbias, n_batch, output_amax):
+    # custom_partitioning turns every parameter it is given, defaults too, into an operand or a
+    # static: this signature is exactly the operands and the statics.
+    return _kernel(dz, x, act, params, is_dbias, n_batch, output_amax)
+
+
+_partitioned = base.make_partitioned(_local, 2, _STATICS, _partition, _sharding_rule)
 
 # ---- outer: what the public API binds ---------------------------------------------------------
 
@@ -206,10 +214,11 @@ def _reference(dz, x, *, act, params, is_dbias, n_batch, output_amax):
     return outs
 
 
-base.register_outer_lowering(
+base.register_outer_rules(
     dact_dbias_p,
-    lambda dz, x, **p: _partitioned(dz, x, **p),
-    _reference,
+    local=lambda dz, x, **p: _local(dz, x, **p),
+    partitioned=lambda dz, x, **p: _partitioned(dz, x, **p),
+    reference=_reference,
 )
 
 
@@ -233,7 +242,7 @@ def _batch(args, dims, *, act, params, is_dbias, n_batch, output_amax):
 batching.primitive_batchers[dact_dbias_p] = _batch
 
 
-def dact_dbias(
+def bind_dact_dbias(
     dz: jax.Array,
     x: jax.Array,
     act: ActivationType,
