@@ -28,14 +28,20 @@ from te_jax.primitives import base
 
 TARGET = "te_jax_dact_dbias_quantize"
 
-# Row groups per batch for the two-stage dbias reduction: at least 256 rows a group (so the
-# float32 workspace stays ~1% of the traffic), at most 128 groups (enough parallel work).
-_ROWS_PER_GROUP = 256
+# Row groups per batch for the two-stage dbias reduction. A function of the shape and dtype only
+# (never of the device), so results are the same everywhere. The CUDA kernel runs one block per
+# (column tile of 32 16-byte vectors, batch, group): aim for ~1024 blocks (several waves on a
+# 132-SM GPU), with at least 16 rows a group (the float32 workspace stays small next to the data)
+# and at most 128 groups. On the CPU, groups are the parallel tasks.
+_TARGET_BLOCKS = 1024
+_MIN_ROWS_PER_GROUP = 16
 _MAX_GROUPS = 128
 
 
-def dbias_groups(rows_per_batch: int) -> int:
-    return max(1, min(_MAX_GROUPS, math.ceil(rows_per_batch / _ROWS_PER_GROUP)))
+def dbias_groups(rows_per_batch: int, hidden: int, itemsize: int) -> int:
+    col_tiles = max(1, math.ceil(hidden / (32 * (16 // itemsize))))
+    want = math.ceil(_TARGET_BLOCKS / col_tiles)
+    return max(1, min(_MAX_GROUPS, want, math.ceil(rows_per_batch / _MIN_ROWS_PER_GROUP)))
 
 
 def _feature_shape(x_shape, act: ActivationType):
@@ -55,7 +61,8 @@ def _ffi_abstract(dz, x, scale, amax, *, act, params, is_dbias, n_batch, output_
         batches = math.prod(x.shape[:n_batch])
         rows = math.prod(x.shape[n_batch : x.ndim - act.act_len])
         dbias = ShapedArray(tuple(x.shape[:n_batch]) + feature, x.dtype)
-        workspace = ShapedArray((batches, dbias_groups(rows), math.prod(feature)), f32)
+        groups = dbias_groups(rows, x.shape[-1], x.dtype.itemsize)
+        workspace = ShapedArray((batches, groups, math.prod(feature)), f32)
     else:
         dbias = ShapedArray((0,), x.dtype)
         workspace = ShapedArray((0,), f32)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Everything te_jax needs checked on a GPU machine, in stages, logs under $OUT:
+#   bash tools/gpu_check.sh build test sanitize bench
+# build     pip install (CUDA forced on) against the machine's own jaxlib; skipped if this machine
+#           already has a te_jax with the CUDA extension from this tree
+# test      the full pytest suite (the same files CI runs on the CPU)
+# sanitize  the standalone kernel test, plain and under compute-sanitizer (memcheck, racecheck,
+#           initcheck, synccheck)
+# bench     the benchmark table (benchmarks/activations.py), Markdown + JSON under $OUT
+# Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
+# stages write one log each (the sanitizer summaries are folded into sanitize.log).
+set -u
+OUT="${OUT:-/tmp/te_jax_gpu_out}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+status=0
+stamp() { echo "== $(date +%T) $*"; }
+
+stamp "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
+
+for stage in "$@"; do
+  case "$stage" in
+    build)
+      tree=$(find ffi src CMakeLists.txt pyproject.toml -type f -not -path "*/__pycache__/*" | sort | xargs sha1sum | sha1sum | cut -c1-12)
+      if [ -f /tmp/te_jax_built_tree ] && [ "$(cat /tmp/te_jax_built_tree)" = "$tree" ] && \
+         python3 -c "import te_jax, sys; sys.exit(0 if te_jax.ffi_available('cuda') else 1)"; then
+        stamp "build: already built for this tree"; continue
+      fi
+      stamp "build"
+      t0=$(date +%s)
+      if TE_JAX_CUDA=ON CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip install -v \
+           --no-build-isolation --no-deps -Cbuild-dir=/tmp/te_jax_build . >"$OUT/build.log" 2>&1; then
+        echo "built in $(( $(date +%s) - t0 )) s"; echo "$tree" > /tmp/te_jax_built_tree
+        grep -E "warning|ptxas info" "$OUT/build.log" | grep -v "^--" | head -20
+      else
+        tail -n 60 "$OUT/build.log"; echo "BUILD FAILED"; exit 1
+      fi
+      (cd /tmp && python3 -c "import te_jax; print('ffi cpu', te_jax.ffi_available('cpu'), 'cuda', te_jax.ffi_available('cuda'), te_jax._ffi._load_errors)")
+      ;;
+    test)
+      stamp "pytest (full suite)"
+      python3 -m pytest -q -p no:cacheprovider tests -x --durations=10 >"$OUT/pytest.log" 2>&1 || status=1
+      tail -n 25 "$OUT/pytest.log"
+      ;;
+    sanitize)
+      stamp "kernel test + compute-sanitizer"
+      BUILD=/tmp/te_jax_kernel_test bash ffi/cuda/tests/run.sh >"$OUT/sanitize.log" 2>&1 || status=1
+      tail -n 40 "$OUT/sanitize.log"
+      grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" /tmp/te_jax_kernel_test/sanitize_*.log
+      ;;
+    bench)
+      stamp "benchmarks"
+      python3 -m benchmarks.activations --out "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1 || status=1
+      tail -n 80 "$OUT/bench.log"
+      ;;
+    *) echo "unknown stage $stage"; status=1 ;;
+  esac
+done
+stamp "done (status $status)"
+exit $status
