@@ -29,7 +29,14 @@ TE_HD float erf(float x) {
 #endif
 }
 
-// 1 / (1 + exp(-x)); exp overflow (x << 0) gives exactly 0.
-TE_HD float sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
+// 1 / (1 + exp(-x)); exp overflow (x << 0) gives exactly 0. On the device __frcp_rn is the
+// correctly rounded reciprocal: the same bits as the IEEE division, without its slow path.
+TE_HD float sigmoid(float x) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(1.0f + exp(-x));
+#else
+  return 1.0f / (1.0f + exp(-x));
+#endif
+}
 
 }  // namespace te_jax::math

@@ -1,0 +1,35 @@
+// te_jax_act_lu on CUDA: the elementwise forward kernel of elementwise.cuh, one instantiation per
+// (activation, dtype).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/activations.h"
+#include "common/problem.h"
+#include "cuda/elementwise.cuh"
+#include "cuda/launch.h"
+
+namespace te_jax::cuda {
+
+cudaError_t launch_act_lu(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
+  cudaError_t err = cudaErrorInvalidValue;  // unknown activation or dtype (decode rejects both)
+  with_activation(p.act, [&](auto spec) {
+    using Spec = decltype(spec);
+    switch (p.dtype) {
+      case DType::F32:
+        err = launch_eltwise<Spec, float, false>(p.x, nullptr, p.y, p.rows, p.hidden, p.params,
+                                                 p.amax, stream, cfg);
+        break;
+      case DType::BF16:
+        err = launch_eltwise<Spec, __nv_bfloat16, false>(p.x, nullptr, p.y, p.rows, p.hidden,
+                                                         p.params, p.amax, stream, cfg);
+        break;
+      case DType::F16:
+        err = launch_eltwise<Spec, __half, false>(p.x, nullptr, p.y, p.rows, p.hidden, p.params,
+                                                  p.amax, stream, cfg);
+        break;
+    }
+  });
+  return err;
+}
+
+}  // namespace te_jax::cuda

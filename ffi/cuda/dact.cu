@@ -1,0 +1,36 @@
+// te_jax_dact_dbias_quantize on CUDA. Without dbias: the elementwise backward kernel of
+// elementwise.cuh. With dbias: dact_dbias.cu.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/activations.h"
+#include "common/problem.h"
+#include "cuda/elementwise.cuh"
+#include "cuda/launch.h"
+
+namespace te_jax::cuda {
+
+cudaError_t launch_dact_dbias(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
+  if (p.dbias != nullptr) return launch_dact_with_dbias(p, stream, cfg);
+  cudaError_t err = cudaErrorInvalidValue;  // unknown activation or dtype (decode rejects both)
+  with_activation(p.act, [&](auto spec) {
+    using Spec = decltype(spec);
+    switch (p.dtype) {
+      case DType::F32:
+        err = launch_eltwise<Spec, float, true>(p.x, p.dz, p.dx, p.rows, p.hidden, p.params,
+                                                p.amax, stream, cfg);
+        break;
+      case DType::BF16:
+        err = launch_eltwise<Spec, __nv_bfloat16, true>(p.x, p.dz, p.dx, p.rows, p.hidden,
+                                                        p.params, p.amax, stream, cfg);
+        break;
+      case DType::F16:
+        err = launch_eltwise<Spec, __half, true>(p.x, p.dz, p.dx, p.rows, p.hidden, p.params,
+                                                 p.amax, stream, cfg);
+        break;
+    }
+  });
+  return err;
+}
+
+}  // namespace te_jax::cuda

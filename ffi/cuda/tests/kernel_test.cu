@@ -1,0 +1,543 @@
+// Standalone test of the te_jax CUDA kernels, without XLA or Python: drives launch_act_lu and
+// launch_dact_dbias (ffi/cuda/launch.h) directly, for every activation and dtype, and checks
+//   - every output element is written (outputs are poisoned with NaN bytes first),
+//   - values against a host reference (the same activations.h formulas in float on the host;
+//     dbias summed in double), to SPEC.md section 7's tolerances,
+//   - amax: bit-equal to max|output| over the device's own outputs; NaN in -> NaN out,
+//   - dbias: bit-identical across repeated runs and grid sizes (max_blocks), and equal to the scalar
+//     path's result (misaligned copy of the same data); rows == 0 gives zeros,
+//   - that the launches can be captured into a CUDA graph (after a load_only pass, as the
+//     Initialize stage does) and the replay gives the same bits.
+// It is meant to be run on the GPU, also under compute-sanitizer (use --quick there).
+// Build and run: ffi/cuda/tests/run.sh (see there).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/activations.h"
+#include "common/problem.h"
+#include "cuda/launch.h"
+
+using namespace te_jax;
+
+#define CHECK_CUDA(x)                                                                     \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      std::printf("CUDA error %s (%s) at %s:%d\n", cudaGetErrorName(e_),                  \
+                  cudaGetErrorString(e_), __FILE__, __LINE__);                            \
+      std::exit(2);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace {
+
+int g_checks = 0;         // test cases run
+int g_failed_checks = 0;  // test cases with at least one failure
+int g_failures = 0;       // failure messages
+int g_notes = 0;
+bool g_quick = false;
+std::mt19937 g_rng(12345);
+
+void fail(const std::string& what) {
+  ++g_failures;
+  if (g_failures <= 50) std::printf("FAIL: %s\n", what.c_str());
+}
+
+// One test case: counted once, failed if any fail() happened inside it.
+struct Case {
+  int before;
+  Case() : before(g_failures) { ++g_checks; }
+  ~Case() {
+    if (g_failures > before) ++g_failed_checks;
+  }
+};
+
+// ---- dtypes on the host ----------------------------------------------------------------------
+
+template <typename T> struct DT;
+template <> struct DT<float> {
+  static constexpr DType kType = DType::F32;
+  static constexpr const char* kName = "float32";
+  static constexpr double kTol = 2e-5;
+  static float to(float v) { return v; }
+  static float from(float v) { return v; }
+};
+template <> struct DT<__nv_bfloat16> {
+  static constexpr DType kType = DType::BF16;
+  static constexpr const char* kName = "bfloat16";
+  static constexpr double kTol = 1.0 / 128;
+  static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct DT<__half> {
+  static constexpr DType kType = DType::F16;
+  static constexpr const char* kName = "float16";
+  static constexpr double kTol = 1.0 / 1024;
+  static float to(__half v) { return __half2float(v); }
+  static __half from(float v) { return __float2half_rn(v); }
+};
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// ---- device buffers --------------------------------------------------------------------------
+
+// A device allocation with `offset` elements of slack in front (offset 1 misaligns the data).
+template <typename T>
+struct DevBuf {
+  T* base = nullptr;
+  T* ptr = nullptr;
+  size_t n = 0;
+  DevBuf(size_t count, int offset) : n(count) {
+    CHECK_CUDA(cudaMalloc(&base, (count + offset + 8) * sizeof(T)));
+    ptr = base + offset;
+  }
+  ~DevBuf() { cudaFree(base); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void upload(const std::vector<T>& h) {
+    if (n) CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void poison() {
+    if (n) CHECK_CUDA(cudaMemset(ptr, 0xFF, n * sizeof(T)));  // NaN in every float type
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n);
+    if (n) CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+template <typename T>
+std::vector<T> random_vec(size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<T> v(n);
+  for (auto& e : v) e = DT<T>::from(d(g_rng));
+  return v;
+}
+
+bool close(double got, double want, double tol) {
+  if (std::isnan(got) || std::isnan(want)) return false;
+  return std::fabs(got - want) <= tol + tol * std::fabs(want);
+}
+
+ActParams default_params() { return ActParams{}; }
+
+const char* act_name(ActivationEnum e) {
+  static const char* names[] = {"GELU",  "GEGLU",  "GLU",    "SILU",   "SWIGLU",
+                                "RELU",  "REGLU",  "QGELU",  "QGEGLU", "SRELU",
+                                "SREGLU", "CLAMPED_SWIGLU", "GELU_EXACT", "GEGLU_EXACT"};
+  return names[static_cast<int>(e)];
+}
+
+// amax bits over outputs: max of (bits & 0x7fffffff), as the kernels define it.
+template <typename T>
+uint32_t amax_bits_of(const std::vector<T>& v) {
+  uint32_t m = 0;
+  for (const T& e : v) m = std::max(m, float_bits(DT<T>::to(e)) & 0x7fffffffu);
+  return m;
+}
+
+float read_amax(float* d) {
+  float h;
+  CHECK_CUDA(cudaMemcpy(&h, d, sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// ---- act_lu ------------------------------------------------------------------------------------
+
+template <typename Spec, typename T>
+void test_act_lu(ActivationEnum act, int64_t rows, int64_t H, int misalign, bool inject_nan) {
+  constexpr int L = Spec::kActLen;
+  const std::string tag = std::string("act_lu ") + act_name(act) + " " + DT<T>::kName + " rows=" +
+                          std::to_string(rows) + " H=" + std::to_string(H) +
+                          (misalign ? " misaligned" : "") + (inject_nan ? " nan" : "");
+  const size_t nx = rows * L * H, ny = rows * H;
+  std::vector<T> hx = random_vec<T>(nx, -8.0f, 8.0f);
+  if (inject_nan && nx > 0) hx[nx / 2] = DT<T>::from(NAN);
+  DevBuf<T> x(nx, misalign), y(ny, misalign);
+  DevBuf<float> amax(1, 0);
+  x.upload(hx);
+
+  ActLuProblem p{};
+  p.dtype = DT<T>::kType;
+  p.act = act;
+  p.params = default_params();
+  p.rows = rows;
+  p.hidden = H;
+  p.x = x.ptr;
+  p.y = y.ptr;
+  p.amax = amax.ptr;
+
+  Case c;
+  std::vector<T> first;
+  uint32_t first_amax = 0;
+  const int sms_list[] = {132, 1, 7};
+  for (int sms : sms_list) {
+    y.poison();
+    amax.poison();
+    cuda::LaunchConfig cfg;
+    cfg.max_blocks = static_cast<unsigned>(sms) * 4;
+    CHECK_CUDA(cuda::launch_act_lu(p, 0, cfg));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<T> hy = y.download();
+    const float a = read_amax(amax.ptr);
+    if (sms == 132) {
+      first = hy;
+      first_amax = float_bits(a);
+      // values
+      int bad = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < H; ++j) {
+          const float xa = DT<T>::to(hx[(r * L) * H + j]);
+          const float xb = L == 2 ? DT<T>::to(hx[(r * L + 1) * H + j]) : 0.0f;
+          const float want = DT<T>::to(DT<T>::from(act_forward<Spec>(xa, xb, p.params)));
+          const float got = DT<T>::to(hy[r * H + j]);
+          const bool nan_ok = inject_nan && std::isnan(want) && std::isnan(got);
+          if (!nan_ok && !close(got, want, DT<T>::kTol)) {
+            if (bad++ < 3) {
+              fail(tag + ": y[" + std::to_string(r) + "," + std::to_string(j) + "] = " +
+                   std::to_string(got) + ", want " + std::to_string(want));
+            }
+          }
+        }
+      }
+      // amax equals max|y| over the device's outputs, bit for bit (so NaN when any y is NaN).
+      const uint32_t want_bits = amax_bits_of(hy);
+      if (inject_nan && !(std::isnan(a) == (want_bits > 0x7f800000u))) {
+        fail(tag + ": amax NaN-ness differs from the outputs'");
+      } else if (float_bits(a) != want_bits) {
+        fail(tag + ": amax bits " + std::to_string(float_bits(a)) + " != max|y| bits " +
+             std::to_string(want_bits));
+      }
+    } else {
+      if (hy.size() && std::memcmp(hy.data(), first.data(), hy.size() * sizeof(T)) != 0) {
+        fail(tag + ": output differs with max_blocks=4*" + std::to_string(sms));
+      }
+      if (float_bits(a) != first_amax) {
+        fail(tag + ": amax differs with max_blocks=4*" + std::to_string(sms));
+      }
+    }
+  }
+}
+
+// ---- dact (with or without dbias) ------------------------------------------------------------
+
+template <typename Spec, typename T>
+void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int64_t groups,
+               int misalign, bool with_dbias) {
+  constexpr int L = Spec::kActLen;
+  const std::string tag = std::string(with_dbias ? "dact_dbias " : "dact ") + act_name(act) + " " +
+                          DT<T>::kName + " rows=" + std::to_string(rows) + " H=" +
+                          std::to_string(H) +
+                          (with_dbias ? " batches=" + std::to_string(batches) +
+                                            " groups=" + std::to_string(groups)
+                                      : std::string()) +
+                          (misalign ? " misaligned" : "");
+  const size_t nx = rows * L * H, nz = rows * H, n = L * H;
+  std::vector<T> hx = random_vec<T>(nx, -8.0f, 8.0f);
+  std::vector<T> hz = random_vec<T>(nz, -2.0f, 2.0f);
+  DevBuf<T> x(nx, misalign), dz(nz, misalign), dx(nx, misalign);
+  DevBuf<T> dbias(with_dbias ? batches * n : 0, 0);
+  DevBuf<float> ws(with_dbias ? batches * groups * n : 0, 0);
+  DevBuf<float> amax(1, 0);
+  x.upload(hx);
+  dz.upload(hz);
+
+  DActProblem p{};
+  p.dtype = DT<T>::kType;
+  p.act = act;
+  p.params = default_params();
+  p.act_len = L;
+  p.rows = rows;
+  p.hidden = H;
+  p.dz = dz.ptr;
+  p.x = x.ptr;
+  p.dx = dx.ptr;
+  p.amax = amax.ptr;
+  if (with_dbias) {
+    p.dbias = dbias.ptr;
+    p.workspace = ws.ptr;
+    p.batches = batches;
+    p.groups = groups;
+  }
+
+  // Host reference: dx in float (rounded to T), dbias summed in double from unrounded dx.
+  std::vector<float> ref_dx(nx);
+  std::vector<double> ref_db(with_dbias ? batches * n : 0, 0.0), abs_db(ref_db.size(), 0.0);
+  const int64_t R = with_dbias ? rows / batches : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < H; ++j) {
+      const float g = DT<T>::to(hz[r * H + j]);
+      const float xa = DT<T>::to(hx[(r * L) * H + j]);
+      const float xb = L == 2 ? DT<T>::to(hx[(r * L + 1) * H + j]) : 0.0f;
+      float da, db;
+      act_backward<Spec>(g, xa, xb, p.params, da, db);
+      ref_dx[(r * L) * H + j] = da;
+      if (L == 2) ref_dx[(r * L + 1) * H + j] = db;
+      if (with_dbias) {
+        const int64_t b = r / R;
+        ref_db[b * n + j] += da;
+        abs_db[b * n + j] += std::fabs(da);
+        if (L == 2) {
+          ref_db[b * n + H + j] += db;
+          abs_db[b * n + H + j] += std::fabs(db);
+        }
+      }
+    }
+  }
+
+  Case c;
+  std::vector<T> first_dx, first_db;
+  uint32_t first_amax = 0;
+  const int sms_list[] = {132, 1, 7};
+  for (int sms : sms_list) {
+    dx.poison();
+    dbias.poison();
+    ws.poison();
+    amax.poison();
+    cuda::LaunchConfig cfg;
+    cfg.max_blocks = static_cast<unsigned>(sms) * 4;
+    CHECK_CUDA(cuda::launch_dact_dbias(p, 0, cfg));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<T> hdx = dx.download(), hdb = dbias.download();
+    const float a = read_amax(amax.ptr);
+    if (sms == 132) {
+      first_dx = hdx;
+      first_db = hdb;
+      first_amax = float_bits(a);
+      int bad = 0;
+      for (size_t i = 0; i < nx; ++i) {
+        const float want = DT<T>::to(DT<T>::from(ref_dx[i]));
+        const float got = DT<T>::to(hdx[i]);
+        if (!close(got, want, DT<T>::kTol) && bad++ < 3) {
+          fail(tag + ": dx[" + std::to_string(i) + "] = " + std::to_string(got) + ", want " +
+               std::to_string(want));
+        }
+      }
+      if (float_bits(a) != amax_bits_of(hdx)) fail(tag + ": amax != max|dx| (bits)");
+      for (size_t i = 0; i < ref_db.size(); ++i) {
+        const double want = ref_db[i];
+        const double got = DT<T>::to(hdb[i]);
+        // float32 summation error over the rows plus one rounding to T.
+        const double tol = 1e-5 * abs_db[i] + DT<T>::kTol * std::fabs(want) + 1e-6;
+        if (!(std::fabs(got - want) <= tol) && bad++ < 6) {
+          fail(tag + ": dbias[" + std::to_string(i) + "] = " + std::to_string(got) + ", want " +
+               std::to_string(want));
+        }
+      }
+    } else {
+      if (nx && std::memcmp(hdx.data(), first_dx.data(), nx * sizeof(T)) != 0) {
+        fail(tag + ": dx differs with max_blocks=4*" + std::to_string(sms));
+      }
+      if (hdb.size() && std::memcmp(hdb.data(), first_db.data(), hdb.size() * sizeof(T)) != 0) {
+        fail(tag + ": dbias not deterministic (max_blocks=4*" + std::to_string(sms) + ")");
+      }
+      if (float_bits(a) != first_amax) {
+        fail(tag + ": amax differs with max_blocks=4*" + std::to_string(sms));
+      }
+    }
+  }
+
+  // The scalar path (a misaligned copy of the same data) must give the same dbias bits.
+  if (with_dbias && !misalign && rows > 0) {
+    DevBuf<T> x2(nx, 1), dz2(nz, 1), dx2(nx, 1);
+    x2.upload(hx);
+    dz2.upload(hz);
+    dbias.poison();
+    DActProblem q = p;
+    q.x = x2.ptr;
+    q.dz = dz2.ptr;
+    q.dx = dx2.ptr;
+    CHECK_CUDA(cuda::launch_dact_dbias(q, 0, cuda::LaunchConfig{}));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<T> hdb = dbias.download(), hdx = dx2.download();
+    if (std::memcmp(hdb.data(), first_db.data(), hdb.size() * sizeof(T)) != 0) {
+      ++g_notes;
+      std::printf("NOTE: %s: scalar-path dbias bits differ from the vector path's\n", tag.c_str());
+    }
+    if (nx && std::memcmp(hdx.data(), first_dx.data(), nx * sizeof(T)) != 0) {
+      ++g_notes;
+      std::printf("NOTE: %s: scalar-path dx bits differ from the vector path's\n", tag.c_str());
+    }
+  }
+}
+
+// ---- CUDA graph capture ------------------------------------------------------------------------
+
+template <typename Spec, typename T>
+void test_graph(ActivationEnum act) {
+  constexpr int L = Spec::kActLen;
+  const int64_t rows = 96, H = 256, batches = 2, groups = 3, n = L * H;
+  const std::string tag = std::string("graph ") + act_name(act) + " " + DT<T>::kName;
+  std::vector<T> hx = random_vec<T>(rows * L * H, -8.0f, 8.0f);
+  std::vector<T> hz = random_vec<T>(rows * H, -2.0f, 2.0f);
+  DevBuf<T> x(hx.size(), 0), dz(hz.size(), 0), y(rows * H, 0), dx(hx.size(), 0),
+      dbias(batches * n, 0);
+  DevBuf<float> ws(batches * groups * n, 0), amax1(1, 0), amax2(1, 0);
+  x.upload(hx);
+  dz.upload(hz);
+  ActLuProblem pa{DT<T>::kType, act, default_params(), rows, H, x.ptr, y.ptr, amax1.ptr};
+  DActProblem pd{};
+  pd.dtype = DT<T>::kType;
+  pd.act = act;
+  pd.params = default_params();
+  pd.act_len = L;
+  pd.rows = rows;
+  pd.hidden = H;
+  pd.dz = dz.ptr;
+  pd.x = x.ptr;
+  pd.dx = dx.ptr;
+  pd.dbias = dbias.ptr;
+  pd.workspace = ws.ptr;
+  pd.batches = batches;
+  pd.groups = groups;
+  pd.amax = amax2.ptr;
+
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // Eager run (reference bits).
+  CHECK_CUDA(cuda::launch_act_lu(pa, s, {}));
+  CHECK_CUDA(cuda::launch_dact_dbias(pd, s, {}));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  const std::vector<T> y0 = y.download(), dx0 = dx.download(), db0 = dbias.download();
+  const float a10 = read_amax(amax1.ptr), a20 = read_amax(amax2.ptr);
+  y.poison();
+  dx.poison();
+  dbias.poison();
+  amax1.poison();
+  amax2.poison();
+
+  // Initialize-stage equivalent, then capture in global mode (the strictest).
+  cuda::LaunchConfig load;
+  load.load_only = true;
+  CHECK_CUDA(cuda::launch_act_lu(pa, s, load));
+  CHECK_CUDA(cuda::launch_dact_dbias(pd, s, load));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const cudaError_t e1 = cuda::launch_act_lu(pa, s, {});
+  const cudaError_t e2 = cuda::launch_dact_dbias(pd, s, {});
+  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+  Case c;
+  if (e1 != cudaSuccess || e2 != cudaSuccess) {
+    fail(tag + ": launch under capture failed: " + cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
+    return;
+  }
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 2; ++rep) CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  const std::vector<T> y1 = y.download(), dx1 = dx.download(), db1 = dbias.download();
+  if (std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(T)) ||
+      std::memcmp(dx0.data(), dx1.data(), dx0.size() * sizeof(T)) ||
+      std::memcmp(db0.data(), db1.data(), db0.size() * sizeof(T)) ||
+      float_bits(read_amax(amax1.ptr)) != float_bits(a10) ||
+      float_bits(read_amax(amax2.ptr)) != float_bits(a20)) {
+    fail(tag + ": graph replay differs from the eager run");
+  }
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(s));
+}
+
+// ---- driver ------------------------------------------------------------------------------------
+
+struct Shape {
+  int64_t rows, hidden;
+  int misalign;
+};
+struct DbiasShape {
+  int64_t rows, hidden, batches, groups;
+  int misalign;
+};
+
+template <typename Spec, typename T>
+void run_all(ActivationEnum act) {
+  // Load-only (the Initialize stage) must succeed for both targets.
+  {
+    ActLuProblem pa{DT<T>::kType, act, default_params(), 1, 8, nullptr, nullptr, nullptr};
+    DActProblem pd{};
+    pd.dtype = DT<T>::kType;
+    pd.act = act;
+    pd.act_len = Spec::kActLen;
+    cuda::LaunchConfig load;
+    load.load_only = true;
+    Case c;
+    if (cuda::launch_act_lu(pa, 0, load) != cudaSuccess ||
+        cuda::launch_dact_dbias(pd, 0, load) != cudaSuccess) {
+      fail(std::string("load_only ") + act_name(act) + " " + DT<T>::kName);
+    }
+    float dummy;
+    pd.dbias = &dummy;  // only its non-nullness matters with load_only
+    if (cuda::launch_dact_dbias(pd, 0, load) != cudaSuccess) {
+      fail(std::string("load_only dbias ") + act_name(act) + " " + DT<T>::kName);
+    }
+  }
+  std::vector<Shape> shapes = {{21, 33, 0}, {1, 1, 0},  {5, 8, 0},   {3, 64, 0},   {9, 64, 1},
+                               {17, 1000, 0}, {0, 16, 0}, {4, 0, 0}, {7, 3, 0}, {2, 24, 1}};
+  if (!g_quick) {
+    shapes.push_back({512, 4096, 0});
+    shapes.push_back({1031, 520, 0});
+  }
+  for (const Shape& s : shapes) {
+    test_act_lu<Spec, T>(act, s.rows, s.hidden, s.misalign, false);
+    test_dact<Spec, T>(act, s.rows, s.hidden, 1, 1, s.misalign, false);
+  }
+  test_act_lu<Spec, T>(act, 6, 40, 0, true);  // NaN in -> NaN amax
+  std::vector<DbiasShape> dshapes = {{21, 33, 1, 1, 0}, {21, 33, 3, 2, 0}, {64, 64, 1, 5, 0},
+                                     {4, 16, 1, 9, 0},  {0, 16, 1, 3, 0},  {12, 1, 4, 2, 0},
+                                     {30, 48, 2, 4, 1}, {1, 8, 1, 1, 0}};
+  if (!g_quick) {
+    dshapes.push_back({1000, 136, 2, 7, 0});
+    dshapes.push_back({1024, 4096, 1, 33, 0});
+    dshapes.push_back({96, 24, 3, 70000, 0});  // batches*groups > 65535: grid-stride over y
+  }
+  for (const DbiasShape& s : dshapes) {
+    test_dact<Spec, T>(act, s.rows, s.hidden, s.batches, s.groups, s.misalign, true);
+  }
+  test_graph<Spec, T>(act);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) g_quick = true;
+    else only = argv[i];  // an activation name, e.g. SWIGLU
+  }
+  int dev = 0;
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDevice(&dev));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
+  std::printf("device %s, %d SMs%s\n", prop.name, prop.multiProcessorCount,
+              g_quick ? " (quick)" : "");
+  for (int e = 0; e <= 13; ++e) {
+    const auto act = static_cast<ActivationEnum>(e);
+    if (!only.empty() && only != act_name(act)) continue;
+    with_activation(act, [&](auto spec) {
+      using Spec = decltype(spec);
+      run_all<Spec, float>(act);
+      run_all<Spec, __nv_bfloat16>(act);
+      run_all<Spec, __half>(act);
+    });
+    std::printf("%-15s done (%d cases, %d failed so far)\n", act_name(act), g_checks,
+                g_failed_checks);
+  }
+  std::printf("%d passed, %d failed\n", g_checks - g_failed_checks, g_failed_checks);
+  if (g_notes) std::printf("%d notes (not failures)\n", g_notes);
+  return g_failed_checks ? 1 : 0;
+}

@@ -1,0 +1,193 @@
+"""Float64 NumPy oracle for every activation of SPEC.md §1 and the dbias rule of §2.
+
+Written straight from SPEC.md, independently of ``te_jax`` (it imports nothing from it): the
+tests hold both the FFI kernels and ``te_jax.reference`` against this file.
+
+Activations are named by their enum value (0-13, SPEC.md §1). ``params`` is anything with the
+attributes ``limit``, ``alpha`` and ``glu_linear_offset`` (a ``te_jax.ClampedSwiGLUParams``, an
+``ActivationParams`` holding one, or the ``ClampedParams`` below), or ``None`` for the defaults.
+Runtime parameters reach the kernels as float32, so ``act_lu``/``dact_lu`` round them to float32
+unless ``exact_params=True`` (for a float64 computation, which keeps them as given).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+try:  # scipy is a dependency of jax, but the oracle does not insist on it.
+    from scipy.special import erf as _erf
+except ImportError:  # pragma: no cover
+    _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+GELU_K = 0.7978845608028654  # sqrt(2 / pi), SPEC writes 0.7978845608
+GELU_C = 0.044715
+QGELU_ALPHA = float(np.float32(1.702))  # the kernels hold 1.702 as a float32 constant
+
+
+class ClampedParams(NamedTuple):
+    limit: float = 7.0
+    alpha: float = 1.702
+    glu_linear_offset: float = 1.0
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def clamped_params(params, exact: bool = False) -> ClampedParams:
+    """``params`` (None, a ClampedSwiGLUParams-like or an ActivationParams-like) as float32
+    values (as given with ``exact``). A ``ClampedParams`` is taken as already resolved."""
+    if isinstance(params, ClampedParams):
+        return params
+    inner = getattr(params, "clamped_swiglu", params)  # accept ActivationParams too
+    if inner is None:
+        inner = ClampedParams()
+    rnd = float if exact else _f32
+    return ClampedParams(rnd(inner.limit), rnd(inner.alpha), rnd(inner.glu_linear_offset))
+
+
+def sigmoid(x):
+    # 0.5 * (1 + tanh(x / 2)) == 1 / (1 + exp(-x)), without overflow for large |x|.
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+# --- activation halves: each returns (f(x), f'(x)) in float64 ---------------------------------
+
+
+def gelu(x, p=None):
+    inner = GELU_K * (x + GELU_C * x**3)
+    t = np.tanh(inner)
+    f = 0.5 * x * (1.0 + t)
+    df = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
+    return f, df
+
+
+def gelu_exact(x, p=None):
+    cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return x * cdf, cdf + x * pdf
+
+
+def sigmoid_act(x, p=None):
+    s = sigmoid(x)
+    return s, s * (1.0 - s)
+
+
+def silu(x, p=None):
+    s = sigmoid(x)
+    return x * s, s * (1.0 + x * (1.0 - s))
+
+
+def quick_gelu(x, p=None):
+    s = sigmoid(QGELU_ALPHA * x)
+    return x * s, s + QGELU_ALPHA * x * s * (1.0 - s)
+
+
+def relu(x, p=None):
+    pos = x > 0
+    return np.where(pos, x, 0.0), np.where(pos, 1.0, 0.0)  # f'(0) = 0
+
+
+def squared_relu(x, p=None):
+    pos = x > 0
+    return np.where(pos, x * x, 0.0), np.where(pos, 2.0 * x, 0.0)
+
+
+def clamped_silu(a, p=None):
+    c = clamped_params(p)
+    m = np.minimum(a, c.limit)  # clamped from above only
+    s = sigmoid(c.alpha * m)
+    f = m * s
+    df = np.where(a <= c.limit, s + c.alpha * m * s * (1.0 - s), 0.0)
+    return f, df
+
+
+def identity(b, p=None):
+    return b, np.ones_like(b)
+
+
+def clamped_linear(b, p=None):
+    c = clamped_params(p)
+    v = np.clip(b, -c.limit, c.limit) + c.glu_linear_offset
+    dv = np.where((b >= -c.limit) & (b <= c.limit), 1.0, 0.0)  # inclusive bounds
+    return v, dv
+
+
+# enum value -> (name, activation half, linear half or None when not gated)
+ACTIVATIONS = {
+    0: ("GELU", gelu, None),
+    1: ("GEGLU", gelu, identity),
+    2: ("GLU", sigmoid_act, identity),
+    3: ("SILU", silu, None),
+    4: ("SWIGLU", silu, identity),
+    5: ("RELU", relu, None),
+    6: ("REGLU", relu, identity),
+    7: ("QGELU", quick_gelu, None),
+    8: ("QGEGLU", quick_gelu, identity),
+    9: ("SRELU", squared_relu, None),
+    10: ("SREGLU", squared_relu, identity),
+    11: ("CLAMPED_SWIGLU", clamped_silu, clamped_linear),
+    12: ("GELU_EXACT", gelu_exact, None),
+    13: ("GEGLU_EXACT", gelu_exact, identity),
+}
+
+
+def is_gated(act: int) -> bool:
+    return ACTIVATIONS[int(act)][2] is not None
+
+
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+def act_lu(x, act: int, params=None, *, exact_params=False):
+    """y = f(x) (non-gated, shape (..., H)) or f(x[..., 0, :]) * lin(x[..., 1, :]) (gated)."""
+    _, fn, lin = ACTIVATIONS[int(act)]
+    params = clamped_params(params, exact_params)
+    x = _f64(x)
+    if lin is None:
+        return fn(x, params)[0]
+    assert x.ndim >= 2 and x.shape[-2] == 2, x.shape
+    f, _ = fn(x[..., 0, :], params)
+    v, _ = lin(x[..., 1, :], params)
+    return f * v
+
+
+def dact_lu(dz, x, act: int, params=None, *, exact_params=False):
+    """dx with x's shape: f'(x)·dz, or (gated) dA = f'(a)·dz·b', dB = lin'(b)·dz·f(a)."""
+    _, fn, lin = ACTIVATIONS[int(act)]
+    params = clamped_params(params, exact_params)
+    x, dz = _f64(x), _f64(dz)
+    if lin is None:
+        assert dz.shape == x.shape, (dz.shape, x.shape)
+        return fn(x, params)[1] * dz
+    assert dz.shape == x.shape[:-2] + x.shape[-1:], (dz.shape, x.shape)
+    f, df = fn(x[..., 0, :], params)
+    v, dv = lin(x[..., 1, :], params)
+    return np.stack([df * dz * v, dv * dz * f], axis=-2)
+
+
+def dbias(dx, gated: bool):
+    """The sum of dx over every axis but the trailing feature axes ((H,) or (2, H))."""
+    dx = _f64(dx)
+    n_feature = 2 if gated else 1
+    return dx.sum(axis=tuple(range(dx.ndim - n_feature)))
+
+
+def dbias_abs(dx, gated: bool):
+    """The sum of |dx| over the same axes: the scale of the rounding error of a dbias sum."""
+    return dbias(np.abs(_f64(dx)), gated)
+
+
+def kinks(act: int, params=None) -> tuple[float, ...]:
+    """Input values where f or f' is not smooth (finite differences must stay away from them)."""
+    name = ACTIVATIONS[int(act)][0]
+    if name in ("RELU", "REGLU", "SRELU", "SREGLU"):
+        return (0.0,)
+    if name == "CLAMPED_SWIGLU":
+        c = clamped_params(params)
+        return (c.limit, -c.limit)
+    return ()

@@ -1,0 +1,187 @@
+"""Bad input raises a Python exception naming the problem at trace time (under jax.eval_shape:
+no kernel runs), for every public op and implementation; float64 is served by the pure-JAX path
+(not an error) unless implementation="ffi"; a quantizer raises NotImplementedError (for now)."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import float64_oracle as oracle
+import te_jax
+from helpers import ACT_BY_ALIAS, assert_dbias_matches, enable_x64, make_dz, make_x
+
+IMPLS = [None, "ffi", "xla"]
+OPS = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
+
+
+def _call(op, dz, x, **kw):
+    if op == "act_lu":
+        return te_jax.act_lu(x, **kw)
+    if op == "activation":
+        return te_jax.activation(x, **kw)
+    if op == "dact_lu":
+        return te_jax.dact_lu(dz, x, **kw)
+    if op == "quantize_dact_dbias":
+        return te_jax.quantize_dact_dbias(dz, x, **kw)
+    raise ValueError(op)
+
+
+def _trace(op, dz_shape, x_shape, dtype=jnp.float32, dz_dtype=None, **kw):
+    """Traces the op abstractly (jax.eval_shape): an error here is raised before any kernel."""
+    x = jax.ShapeDtypeStruct(x_shape, dtype)
+    dz = jax.ShapeDtypeStruct(dz_shape, dz_dtype or dtype)
+    return jax.eval_shape(lambda dz, x: _call(op, dz, x, **kw), dz, x)
+
+
+def _raises(exc, op, dz_shape, x_shape, match=None, **kw):
+    with pytest.raises(exc) as info:
+        _trace(op, dz_shape, x_shape, **kw)
+    if match is not None:
+        assert re.search(match, str(info.value), re.I | re.S), str(info.value)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("bad", ["swish", ("gelu", "bogus"), ("bogus",), "", ("silu", "silu")])
+def test_unknown_activation(op, impl, bad):
+    msg = _raises(ValueError, op, (4, 8), (4, 8), activation_type=bad, implementation=impl)
+    for valid in ("gelu", "swiglu", "clamped_swiglu", "squared_relu"):
+        assert valid in msg, f"the message should list the valid names: {msg}"
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize(
+    "bad", [("linear", "gelu"), ("linear", "silu"), ("clamped_linear", "clamped_silu")]
+)
+def test_linear_first_is_an_error(op, impl, bad):
+    _raises(
+        ValueError, op, (4, 8), (4, 2, 8), match="linear", activation_type=bad, implementation=impl
+    )
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("x_shape", [(4, 3, 8), (4, 1, 8), (8,), (2, 8, 2)], ids=str)
+def test_gated_input_needs_act_axis_of_two(op, impl, x_shape):
+    dz_shape = x_shape[:-2] + x_shape[-1:] if len(x_shape) >= 2 else x_shape
+    msg = _raises(ValueError, op, dz_shape, x_shape, activation_type="swiglu", implementation=impl)
+    got = r"\D{1,3}".join(map(str, x_shape))
+    assert re.search(got, msg) or "2" in msg, f"the message should name the shape: {msg}"
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int8, jnp.uint8, jnp.bool_], ids=str)
+def test_integer_input_is_a_type_error(op, impl, dtype):
+    msg = _raises(TypeError, op, (4, 8), (4, 8), dtype=dtype, implementation=impl)
+    assert jnp.dtype(dtype).name in msg or "float" in msg, msg
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", ["dact_lu", "quantize_dact_dbias"])
+@pytest.mark.parametrize(
+    "act, dz_shape, x_shape",
+    [
+        ("gelu", (4, 7), (4, 8)),  # H differs
+        ("gelu", (3, 8), (4, 8)),  # leading axis differs
+        ("gelu", (4, 1, 8), (4, 8)),  # an extra axis
+        ("swiglu", (4, 2, 8), (4, 2, 8)),  # x's shape given for dz: dz has no act axis
+        ("swiglu", (4, 9), (4, 2, 8)),
+        ("swiglu", (8,), (4, 2, 8)),
+    ],
+    ids=str,
+)
+def test_dz_shape_mismatch(op, impl, act, dz_shape, x_shape):
+    msg = _raises(ValueError, op, dz_shape, x_shape, activation_type=act, implementation=impl)
+    assert "dz" in msg, f"the message should name dz: {msg}"
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("act", ["gelu", "swiglu", ("silu", "linear"), "relu"], ids=str)
+def test_act_params_on_activation_without_params(op, impl, act):
+    params = te_jax.ActivationParams(clamped_swiglu=te_jax.ClampedSwiGLUParams(limit=1.0))
+    gated = act != "gelu" and act != "relu"
+    x_shape = (4, 2, 8) if gated else (4, 8)
+    _raises(
+        ValueError, op, (4, 8), x_shape, activation_type=act, act_params=params, implementation=impl
+    )
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_bad_implementation_name(op):
+    _raises(ValueError, op, (4, 8), (4, 8), match="implementation", implementation="cuda")
+
+
+class _SomeQuantizer:  # stands for any quantizer object until quantization lands
+    pass
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", ["act_lu", "dact_lu", "quantize_dact_dbias"])
+def test_quantizer_not_implemented_yet(op, impl):
+    with pytest.raises(NotImplementedError):
+        _trace(op, (4, 8), (4, 8), quantizer=_SomeQuantizer(), implementation=impl)
+    x = jnp.ones((4, 8), jnp.float32)  # and eagerly
+    with pytest.raises(NotImplementedError):
+        _call(op, x, x, quantizer=_SomeQuantizer(), implementation=impl)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
+def test_errors_are_raised_eagerly_too(impl):
+    x = jnp.ones((4, 3, 8), jnp.float32)
+    with pytest.raises(ValueError):
+        te_jax.act_lu(x, activation_type="swiglu", implementation=impl)
+    with pytest.raises(ValueError):
+        te_jax.act_lu(x, activation_type="nope", implementation=impl)
+    with pytest.raises(TypeError):
+        te_jax.act_lu(jnp.ones((4, 8), jnp.int32), implementation=impl)
+    with pytest.raises(ValueError):
+        te_jax.dact_lu(jnp.ones((4, 3, 7)), x, implementation=impl)
+
+
+# --- float64 --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", [None, "xla"], ids=str)
+@pytest.mark.parametrize("alias", ["gelu", "swiglu", "clamped_swiglu", "geglu_exact"])
+def test_float64_is_served_by_the_pure_jax_path(alias, impl, rng):
+    act = ACT_BY_ALIAS[alias]
+    shape = (3, 2, 13) if act.gated else (3, 13)
+    x = make_x(rng, shape, np.float64, act)
+    dz = make_dz(rng, shape[:-2] + shape[-1:] if act.gated else shape, np.float64)
+    with enable_x64():
+        xj, dzj = jnp.asarray(x, jnp.float64), jnp.asarray(dz, jnp.float64)
+        kw = dict(activation_type=alias, implementation=impl)
+        outs = {
+            "act_lu": jax.jit(lambda x: te_jax.act_lu(x, **kw))(xj),
+            "activation": te_jax.activation(xj, **kw),
+            "dact_lu": te_jax.dact_lu(dzj, xj, **kw),
+            "grad": jax.grad(lambda x: jnp.sum(te_jax.activation(x, **kw) * dzj))(xj),
+        }
+        outs["dx"], dbias = te_jax.quantize_dact_dbias(dzj, xj, **kw)
+        for name, a in [*outs.items(), ("dbias", dbias)]:
+            assert a.dtype == jnp.float64, (name, a.dtype)
+        outs = {k: np.asarray(v) for k, v in outs.items()}
+        dbias = np.asarray(dbias)
+    y64 = oracle.act_lu(x, act.enum, exact_params=True)  # float64 keeps alpha = 1.702 exact
+    dx64 = oracle.dact_lu(dz, x, act.enum, exact_params=True)
+    for name, a in outs.items():
+        want = y64 if name in ("act_lu", "activation") else dx64
+        np.testing.assert_allclose(a, want, rtol=1e-10, atol=1e-12, err_msg=name)
+    assert_dbias_matches(dbias, dx64, act.gated, np.float64, act)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_float64_with_ffi_is_a_type_error(op):
+    with enable_x64():
+        msg = _raises(TypeError, op, (4, 8), (4, 8), dtype=jnp.float64, implementation="ffi")
+    for name in ("float32", "bfloat16", "float16"):
+        assert name in msg, f"the message should say which dtypes the kernels take: {msg}"
