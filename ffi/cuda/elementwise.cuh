@@ -204,7 +204,7 @@ cudaError_t launch_eltwise(const void* x, const void* dz, void* out, int64_t row
   const uint64_t per_block = static_cast<uint64_t>(kThreads) * kUnroll;
   // One block per kThreads * kUnroll units, not a persistent grid: measured on an H100 (1 GiB
   // bf16 operands), a grid capped at kEltBlocksPerSm blocks per SM reached 0.89-0.95 of copy
-  // bandwidth, one block per chunk 0.95-1.02 (tools/exp_cuda_variants.sh). The grid-stride loop
+  // bandwidth, one block per chunk 0.95-1.02 (docs/performance.md). The grid-stride loop
   // then runs once per thread, unless cfg.max_blocks (tests) or gridDim.x's limit caps the grid.
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : uint64_t{0x7fffffff};
   const uint64_t blocks =

@@ -25,7 +25,7 @@ from jax.interpreters import mlir, xla
 from jax.sharding import NamedSharding, PartitionSpec
 
 from te_jax._ffi import registered_platforms
-from te_jax.activation_types import ActivationParams
+from te_jax.activation_types import ActivationParams, ClampedSwiGLUParams
 
 # Lowering platforms te_jax has kernels for (when its extension is built).
 KERNEL_PLATFORMS = ("cpu", "cuda")
@@ -37,13 +37,12 @@ ROWWISE = np.int64(0)
 
 def act_params_attr(params: ActivationParams | None) -> dict:
     """The ``act_params`` struct attribute; the FFI always receives every field."""
-    c = params.clamped_swiglu if params is not None and params.clamped_swiglu else None
-    limit, alpha, offset = (c.limit, c.alpha, c.glu_linear_offset) if c else (7.0, 1.702, 1.0)
+    c = (params.clamped_swiglu if params is not None else None) or ClampedSwiGLUParams()
     return {
         "clamped_swiglu": {
-            "limit": np.float32(limit),
-            "alpha": np.float32(alpha),
-            "glu_linear_offset": np.float32(offset),
+            "limit": np.float32(c.limit),
+            "alpha": np.float32(c.alpha),
+            "glu_linear_offset": np.float32(c.glu_linear_offset),
         }
     }
 
