@@ -66,10 +66,12 @@ def fit_rounded(basis, target, weight, order):
 
 def fit_exp():
     half = math.log(2.0) / 2 * 1.0005  # slack for the rounding of n = round(x / ln2)
-    r = np.concatenate([np.linspace(-half, half, 40001), half * np.sin(np.linspace(-1.57, 1.57, 4001))])
+    r = np.concatenate(
+        [np.linspace(-half, half, 40001), half * np.sin(np.linspace(-1.57, 1.57, 4001))]
+    )
     ex = np.exp(r)
     # unknowns c2..c6 of r^2 * (c2 + ... + c6 r^4); target e^r - 1 - r; relative error
-    basis = np.stack([r ** k for k in range(2, 7)], axis=1)
+    basis = np.stack([r**k for k in range(2, 7)], axis=1)
     target = np.expm1(r) - r
     c = fit_rounded(basis, target, 1.0 / ex, order=range(5))
     approx = 1.0 + r + basis @ c
@@ -80,7 +82,7 @@ def fit_erf_small(deg=6):
     x = np.concatenate([np.linspace(0.0, 1.0, 40001), np.sin(np.linspace(0, 1.5707963, 4001))])
     t = x * x
     target = np.array([math.erf(v) for v in x]) - x
-    basis = np.stack([x * t ** k for k in range(deg + 1)], axis=1)
+    basis = np.stack([x * t**k for k in range(deg + 1)], axis=1)
     c = fit_rounded(basis, target, np.ones_like(x), order=range(deg + 1))
     return c, np.abs(basis @ c - target).max()
 
@@ -90,32 +92,38 @@ ERF_MID, ERF_HALF = 2.5, 1.5  # the large piece covers [ERF_MID - ERF_HALF, ERF_
 
 def fit_erf_large(deg=6):
     lo, hi = ERF_MID - ERF_HALF, ERF_MID + ERF_HALF
-    x = np.concatenate([np.linspace(lo, hi, 40001),
-                        ERF_MID + ERF_HALF * np.sin(np.linspace(-1.5707963, 1.5707963, 4001))])
+    x = np.concatenate(
+        [
+            np.linspace(lo, hi, 40001),
+            ERF_MID + ERF_HALF * np.sin(np.linspace(-1.5707963, 1.5707963, 4001)),
+        ]
+    )
     s = (x - ERF_MID) / ERF_HALF
     erfc = np.array([math.erfc(v) for v in x])
     target = np.log(erfc) + x * x
-    basis = np.stack([s ** k for k in range(deg + 1)], axis=1)
+    basis = np.stack([s**k for k in range(deg + 1)], axis=1)
     c = fit_rounded(basis, target, erfc, order=range(deg + 1))
     approx = np.exp(basis @ c - x * x)
     return c, np.abs(approx - erfc).max()
 
 
 def c_list(name, coeffs):
-    body = ", ".join("%.9ef" % F32(v) for v in coeffs)
-    return "constexpr float %s[] = {%s};" % (name, body)
+    body = ", ".join(f"{F32(v):.9e}f" for v in coeffs)
+    return f"constexpr float {name}[] = {{{body}}};"
 
 
 def main():
     ce, ee = fit_exp()
     cs, es = fit_erf_small()
     cl, el = fit_erf_large()
-    print("// exp: c2..c6, max relative error of the polynomial %.3g" % ee)
+    print(f"// exp: c2..c6, max relative error of the polynomial {ee:.3g}")
     print(c_list("kExpPoly", ce))
-    print("// erf |x| < 1: x + x * W(x^2), W0..W6, max absolute error %.3g" % es)
+    print(f"// erf |x| < 1: x + x * W(x^2), W0..W6, max absolute error {es:.3g}")
     print(c_list("kErfSmall", cs))
-    print("// erf 1 <= |x| <= 4: log(erfcx(x)) in s = (|x| - %g) / %g, h0..h%d, max abs error %.3g"
-          % (ERF_MID, ERF_HALF, len(cl) - 1, el))
+    print(
+        f"// erf 1 <= |x| <= 4: log(erfcx(x)) in s = (|x| - {ERF_MID:g}) / {ERF_HALF:g}, "
+        f"h0..h{len(cl) - 1}, max abs error {el:.3g}"
+    )
     print(c_list("kErfLarge", cl))
 
 

@@ -1,11 +1,13 @@
 // CPU loops of te_jax_act_lu and te_jax_dact_dbias_quantize (NO_SCALING).
 //
 // Structure: the runtime enum is mapped once per call to a compile-time ActivationSpec
-// (with_activation) and the dtype to a storage type; the hot loops below are plain loops over
-// contiguous rows that call act_forward / act_backward (always inlined), load and store
-// bfloat16 / float16 with integer bit manipulation, and so vectorise. Each hot loop is compiled
-// for several x86-64 levels (GCC function multiversioning; the best one is picked once, at load
-// time) since wheels are built for the baseline ISA.
+// (with_activation), the dtype to a storage type and "amax requested" to a bool; the hot loops
+// below are plain loops over contiguous rows that call act_forward / act_backward (always
+// inlined), load and store bfloat16 / float16 with integer bit manipulation, and so vectorise.
+// Each hot loop is compiled for several x86-64 levels (GCC function multiversioning; the best
+// one is picked once, at load time) since wheels are built for the baseline ISA. Work is split
+// over the FFI thread pool in chunks of rows (parallel.h); dbias uses one task per
+// (batch, row group), fixed by the workspace shape, so its bits never depend on the threads.
 #include "cpu/kernels.h"
 
 #include <algorithm>
@@ -18,22 +20,18 @@
 #include "common/macros.h"
 #include "cpu/parallel.h"
 
-// Attributes of the hot loops.
-// - GCC: -fno-trapping-math for these functions. GCC (unlike Clang) assumes by default that
-//   floating-point operations may trap, and then will not if-convert a ?: whose arm computes
-//   (e.g. `x > 0 ? x * x : 0` in activations.h), so the loop stays scalar on ISAs without masked
-//   vector arithmetic (below AVX-512). Results are unchanged: this only drops the assumption that
-//   FP exceptions are observable, which nothing here relies on.
-// - GCC >= 11 on ELF x86-64: also compiled for x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and the
-//   baseline, dispatched once at load time through an ifunc (wheels are built for the baseline).
-// Elsewhere the loops are compiled once, with the target's default flags.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && \
+// Attributes of the hot loops. With GCC >= 11 on ELF x86-64 they are compiled for x86-64-v4
+// (AVX-512), v3 (AVX2 + FMA) and the baseline, dispatched once at load time through an ifunc
+// (wheels are built for the baseline). Elsewhere the loops are compiled once, with the target's
+// default flags. A build may define TE_JAX_LOOP itself (e.g. empty, to test one ISA level chosen
+// with -march). The CPU extension is compiled with -fno-trapping-math (CMakeLists.txt): without
+// it GCC will not if-convert a ?: whose arm computes (`x > 0 ? x * x : 0` in activations.h), and
+// those loops stay scalar below AVX-512. Results are unchanged; nothing observes FP exceptions.
+#if defined(TE_JAX_LOOP)
+#elif defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && \
     defined(__ELF__)
-#define TE_JAX_LOOP                                                                   \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), \
-                 optimize("no-trapping-math")))
-#elif defined(__GNUC__) && !defined(__clang__)
-#define TE_JAX_LOOP __attribute__((optimize("no-trapping-math")))
+#define TE_JAX_LOOP \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TE_JAX_LOOP
 #endif
@@ -82,7 +80,8 @@ struct F16 {
     const uint32_t inf_nan = sign | 0x7f800000u | (m << 13);
     // Subnormal (and zero): m * 2^-24, exact, computed without subnormal floats (so it also holds
     // under denormals-are-zero, which XLA's CPU threads set).
-    const uint32_t subnormal = sign | hb::of(static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f);
+    const float m_scaled = static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f;
+    const uint32_t subnormal = sign | hb::of(m_scaled);
     return hb::to_float(hb::select(e == 0, subnormal, hb::select(e == 31u, inf_nan, normal)));
   }
   TE_HD static uint16_t store(float f) {
@@ -110,11 +109,12 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
 
 // ---- hot loops ---------------------------------------------------------------------------
-// Plain loops over contiguous elements, compiled for each x86-64 level. They are only ever run
-// on a multiple of kVec elements (per row): the rest of a row (its "tail") is gathered into
+// Plain loops over contiguous elements, compiled for each x86-64 level. They only ever run on a
+// multiple of kVec elements (per row), written as blocks of exactly kVec, so the compiler emits
+// vector code with no remainder loop. The rest of a row (its "tail") is gathered into
 // zero-padded buffers and run through the *_raw loops below, again on a multiple of kVec. So
 // every element is computed by vector code, whatever its position: the compiler's choices about
-// contracting a*b+c into an FMA (which can differ between a loop's vector body and its scalar
+// contracting a*b+c into an FMA (which can differ between a loop's vector body and a scalar
 // remainder) cannot make the result depend on where an element sits in a row or a chunk.
 //
 // Each main loop returns the max abs_key of what it stored. ActParams is taken by value so that
@@ -128,12 +128,14 @@ int64_t round_up_vec(int64_t n) { return round_up(n, kVec); }
 // Non-gated forward over n contiguous elements (n % kVec == 0).
 template <typename Spec, typename D, bool kAmax>
 TE_JAX_LOOP int32_t fwd_flat(const typename D::T* __restrict x,
-                                     typename D::T* __restrict y, int64_t n, ActParams p) {
+                             typename D::T* __restrict y, int64_t n, ActParams p) {
   int32_t key = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const typename D::T o = D::store(act_forward<Spec>(D::load(x[i]), 0.0f, p));
-    y[i] = o;
-    if constexpr (kAmax) key = std::max(key, D::abs_key(o));
+  for (int64_t i0 = 0; i0 < n; i0 += kVec) {
+    for (int64_t i = i0; i < i0 + kVec; ++i) {
+      const typename D::T o = D::store(act_forward<Spec>(D::load(x[i]), 0.0f, p));
+      y[i] = o;
+      if constexpr (kAmax) key = std::max(key, D::abs_key(o));
+    }
   }
   return key;
 }
@@ -142,17 +144,19 @@ TE_JAX_LOOP int32_t fwd_flat(const typename D::T* __restrict x,
 // ((c1 - c0) % kVec == 0).
 template <typename Spec, typename D, bool kAmax>
 TE_JAX_LOOP int32_t fwd_gated(const typename D::T* __restrict x,
-                                      typename D::T* __restrict y, int64_t rows, int64_t h,
-                                      int64_t c0, int64_t c1, ActParams p) {
+                              typename D::T* __restrict y, int64_t rows, int64_t h,
+                              int64_t c0, int64_t c1, ActParams p) {
   int32_t key = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const typename D::T* __restrict a = x + r * 2 * h;
     const typename D::T* __restrict b = a + h;
     typename D::T* __restrict o = y + r * h;
-    for (int64_t j = c0; j < c1; ++j) {
-      const typename D::T v = D::store(act_forward<Spec>(D::load(a[j]), D::load(b[j]), p));
-      o[j] = v;
-      if constexpr (kAmax) key = std::max(key, D::abs_key(v));
+    for (int64_t j0 = c0; j0 < c1; j0 += kVec) {
+      for (int64_t j = j0; j < j0 + kVec; ++j) {
+        const typename D::T v = D::store(act_forward<Spec>(D::load(a[j]), D::load(b[j]), p));
+        o[j] = v;
+        if constexpr (kAmax) key = std::max(key, D::abs_key(v));
+      }
     }
   }
   return key;
@@ -161,15 +165,17 @@ TE_JAX_LOOP int32_t fwd_gated(const typename D::T* __restrict x,
 // Non-gated backward over n contiguous elements (n % kVec == 0).
 template <typename Spec, typename D, bool kAmax>
 TE_JAX_LOOP int32_t bwd_flat(const typename D::T* __restrict dz,
-                                     const typename D::T* __restrict x,
-                                     typename D::T* __restrict dx, int64_t n, ActParams p) {
+                             const typename D::T* __restrict x,
+                             typename D::T* __restrict dx, int64_t n, ActParams p) {
   int32_t key = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    float da, db;
-    act_backward<Spec>(D::load(dz[i]), D::load(x[i]), 0.0f, p, da, db);
-    const typename D::T o = D::store(da);
-    dx[i] = o;
-    if constexpr (kAmax) key = std::max(key, D::abs_key(o));
+  for (int64_t i0 = 0; i0 < n; i0 += kVec) {
+    for (int64_t i = i0; i < i0 + kVec; ++i) {
+      float da, db;
+      act_backward<Spec>(D::load(dz[i]), D::load(x[i]), 0.0f, p, da, db);
+      const typename D::T o = D::store(da);
+      dx[i] = o;
+      if constexpr (kAmax) key = std::max(key, D::abs_key(o));
+    }
   }
   return key;
 }
@@ -178,9 +184,9 @@ TE_JAX_LOOP int32_t bwd_flat(const typename D::T* __restrict dz,
 // ((c1 - c0) % kVec == 0).
 template <typename Spec, typename D, bool kAmax>
 TE_JAX_LOOP int32_t bwd_gated(const typename D::T* __restrict dz,
-                                      const typename D::T* __restrict x,
-                                      typename D::T* __restrict dx, int64_t rows, int64_t h,
-                                      int64_t c0, int64_t c1, ActParams p) {
+                              const typename D::T* __restrict x,
+                              typename D::T* __restrict dx, int64_t rows, int64_t h,
+                              int64_t c0, int64_t c1, ActParams p) {
   int32_t key = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const typename D::T* __restrict g = dz + r * h;
@@ -188,14 +194,16 @@ TE_JAX_LOOP int32_t bwd_gated(const typename D::T* __restrict dz,
     const typename D::T* __restrict b = a + h;
     typename D::T* __restrict da_out = dx + r * 2 * h;
     typename D::T* __restrict db_out = da_out + h;
-    for (int64_t j = c0; j < c1; ++j) {
-      float da, db;
-      act_backward<Spec>(D::load(g[j]), D::load(a[j]), D::load(b[j]), p, da, db);
-      const typename D::T oa = D::store(da);
-      const typename D::T ob = D::store(db);
-      da_out[j] = oa;
-      db_out[j] = ob;
-      if constexpr (kAmax) key = std::max(key, std::max(D::abs_key(oa), D::abs_key(ob)));
+    for (int64_t j0 = c0; j0 < c1; j0 += kVec) {
+      for (int64_t j = j0; j < j0 + kVec; ++j) {
+        float da, db;
+        act_backward<Spec>(D::load(g[j]), D::load(a[j]), D::load(b[j]), p, da, db);
+        const typename D::T oa = D::store(da);
+        const typename D::T ob = D::store(db);
+        da_out[j] = oa;
+        db_out[j] = ob;
+        if constexpr (kAmax) key = std::max(key, std::max(D::abs_key(oa), D::abs_key(ob)));
+      }
     }
   }
   return key;
@@ -206,10 +214,10 @@ TE_JAX_LOOP int32_t bwd_gated(const typename D::T* __restrict dz,
 // unrounded float32 values, row after row.
 template <typename Spec, typename D, bool kAmax>
 TE_JAX_LOOP int32_t bwd_dbias(const typename D::T* __restrict dz,
-                                      const typename D::T* __restrict x,
-                                      typename D::T* __restrict dx, float* __restrict ws,
-                                      int64_t rows, int64_t h, int64_t c0, int64_t c1,
-                                      ActParams p) {
+                              const typename D::T* __restrict x,
+                              typename D::T* __restrict dx, float* __restrict ws,
+                              int64_t rows, int64_t h, int64_t c0, int64_t c1,
+                              ActParams p) {
   constexpr int64_t L = Spec::kActLen;
   int32_t key = 0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -220,25 +228,29 @@ TE_JAX_LOOP int32_t bwd_dbias(const typename D::T* __restrict dz,
       const typename D::T* __restrict b = a + h;
       typename D::T* __restrict db_out = da_out + h;
       float* __restrict ws_b = ws + h;
-      for (int64_t j = c0; j < c1; ++j) {
-        float da, db;
-        act_backward<Spec>(D::load(g[j]), D::load(a[j]), D::load(b[j]), p, da, db);
-        const typename D::T oa = D::store(da);
-        const typename D::T ob = D::store(db);
-        da_out[j] = oa;
-        db_out[j] = ob;
-        ws[j] += da;
-        ws_b[j] += db;
-        if constexpr (kAmax) key = std::max(key, std::max(D::abs_key(oa), D::abs_key(ob)));
+      for (int64_t j0 = c0; j0 < c1; j0 += kVec) {
+        for (int64_t j = j0; j < j0 + kVec; ++j) {
+          float da, db;
+          act_backward<Spec>(D::load(g[j]), D::load(a[j]), D::load(b[j]), p, da, db);
+          const typename D::T oa = D::store(da);
+          const typename D::T ob = D::store(db);
+          da_out[j] = oa;
+          db_out[j] = ob;
+          ws[j] += da;
+          ws_b[j] += db;
+          if constexpr (kAmax) key = std::max(key, std::max(D::abs_key(oa), D::abs_key(ob)));
+        }
       }
     } else {
-      for (int64_t j = c0; j < c1; ++j) {
-        float da, db;
-        act_backward<Spec>(D::load(g[j]), D::load(a[j]), 0.0f, p, da, db);
-        const typename D::T o = D::store(da);
-        da_out[j] = o;
-        ws[j] += da;
-        if constexpr (kAmax) key = std::max(key, D::abs_key(o));
+      for (int64_t j0 = c0; j0 < c1; j0 += kVec) {
+        for (int64_t j = j0; j < j0 + kVec; ++j) {
+          float da, db;
+          act_backward<Spec>(D::load(g[j]), D::load(a[j]), 0.0f, p, da, db);
+          const typename D::T o = D::store(da);
+          da_out[j] = o;
+          ws[j] += da;
+          if constexpr (kAmax) key = std::max(key, D::abs_key(o));
+        }
       }
     }
   }
@@ -248,31 +260,35 @@ TE_JAX_LOOP int32_t bwd_dbias(const typename D::T* __restrict dz,
 // Unrounded float32 results of n gathered elements (n % kVec == 0); b is unused when not gated.
 template <typename Spec, typename D>
 TE_JAX_LOOP void fwd_raw(const typename D::T* __restrict a,
-                                 const typename D::T* __restrict b, float* __restrict f,
-                                 int64_t n, ActParams p) {
-  for (int64_t i = 0; i < n; ++i) {
-    f[i] = act_forward<Spec>(D::load(a[i]), Spec::kGated ? D::load(b[i]) : 0.0f, p);
+                         const typename D::T* __restrict b, float* __restrict f,
+                         int64_t n, ActParams p) {
+  for (int64_t i0 = 0; i0 < n; i0 += kVec) {
+    for (int64_t i = i0; i < i0 + kVec; ++i) {
+      f[i] = act_forward<Spec>(D::load(a[i]), Spec::kGated ? D::load(b[i]) : 0.0f, p);
+    }
   }
 }
 
 template <typename Spec, typename D>
 TE_JAX_LOOP void bwd_raw(const typename D::T* __restrict g,
-                                 const typename D::T* __restrict a,
-                                 const typename D::T* __restrict b, float* __restrict da,
-                                 float* __restrict db, int64_t n, ActParams p) {
-  for (int64_t i = 0; i < n; ++i) {
-    float fa, fb;
-    act_backward<Spec>(D::load(g[i]), D::load(a[i]), Spec::kGated ? D::load(b[i]) : 0.0f, p, fa,
-                       fb);
-    da[i] = fa;
-    db[i] = fb;
+                         const typename D::T* __restrict a,
+                         const typename D::T* __restrict b, float* __restrict da,
+                         float* __restrict db, int64_t n, ActParams p) {
+  for (int64_t i0 = 0; i0 < n; i0 += kVec) {
+    for (int64_t i = i0; i < i0 + kVec; ++i) {
+      float fa, fb;
+      act_backward<Spec>(D::load(g[i]), D::load(a[i]), Spec::kGated ? D::load(b[i]) : 0.0f, p,
+                         fa, fb);
+      da[i] = fa;
+      db[i] = fb;
+    }
   }
 }
 
 // dbias[n] = sum over g = 0..groups-1, in order, of ws[g * stride + n], for n in [n0, n1).
 template <typename D>
 TE_JAX_LOOP void reduce_groups(const float* __restrict ws, typename D::T* __restrict dbias,
-                                       int64_t groups, int64_t stride, int64_t n0, int64_t n1) {
+                               int64_t groups, int64_t stride, int64_t n0, int64_t n1) {
   constexpr int64_t kBlock = 512;
   float acc[kBlock];
   for (int64_t s = n0; s < n1; s += kBlock) {
@@ -544,8 +560,7 @@ int32_t dact_no_dbias(const DActProblem& p, ffi::ThreadPool* pool) {
       int64_t r0, r1, c0, c1;
       tiling.bounds(t, rows, h, r0, r1, c0, c1);
       keys[t] = bwd_tile<Spec, D, kAmax>(dz + r0 * h, x + r0 * 2 * h, dx + r0 * 2 * h, nullptr,
-                                         r1 - r0,
-                                  h, c0, c1, params);
+                                         r1 - r0, h, c0, c1, params);
     });
     return max_key(keys);
   } else {
@@ -599,9 +614,8 @@ int32_t dact_with_dbias(const DActProblem& p, ffi::ThreadPool* pool) {
     if constexpr (Spec::kGated) {
       for (int64_t j = c0; j < c1; ++j) part[h + j] = 0.0f;
     }
-    keys[t] = bwd_tile<Spec, D, kAmax>(dz + r0 * h, x + r0 * n, dx + r0 * n, part, r1 - r0, h, c0,
-                                       c1,
-                                params);
+    keys[t] = bwd_tile<Spec, D, kAmax>(dz + r0 * h, x + r0 * n, dx + r0 * n, part, r1 - r0, h,
+                                       c0, c1, params);
   });
 
   // dbias[b, :] = sum over g in order of ws[b, g, :]; split over (batch, column block).
