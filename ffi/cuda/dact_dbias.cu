@@ -41,6 +41,33 @@ constexpr int kRowLanes = kThreads / kColLanes;  // 8
 constexpr int kRowUnroll = 2;
 constexpr unsigned kMaxGridY = 65535;
 
+// Adds the 8 row lanes' float32 sums of one row group in lane order and writes the group's
+// partial (L halves of H columns, this block's tile of them) to `ws`, the group's workspace row.
+// `partial` is block-shared scratch; it may be reused once this returns.
+template <int L, int kVec, int kTileCols = kColLanes * kVec>
+__device__ __forceinline__ void commit_group_partial(float (&partial)[L][kRowLanes][kTileCols],
+                                                     const float (&acc0)[kVec],
+                                                     const float (&acc1)[kVec], uint64_t H,
+                                                     uint64_t tile_col0, float* ws) {
+  const int tx = threadIdx.x % kColLanes;
+  const int ty = threadIdx.x / kColLanes;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    partial[0][ty][tx * kVec + i] = acc0[i];
+    if constexpr (L == 2) partial[L - 1][ty][tx * kVec + i] = acc1[i];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < L * kTileCols; i += kThreads) {
+    const int h = i / kTileCols;
+    const int c = i % kTileCols;
+    float s = partial[h][0][c];
+#pragma unroll
+    for (int t = 1; t < kRowLanes; ++t) s += partial[h][t][c];
+    if (tile_col0 + c < H) ws[h * H + tile_col0 + c] = s;
+  }
+  __syncthreads();
+}
+
 template <typename T>
 struct DbiasArgs {
   const T* x;              // [rows, act_len, H]
@@ -127,22 +154,7 @@ __global__ void __launch_bounds__(kThreads, kDbiasBlocksPerSm<Spec>)
       }
     }
 
-    // Add the 8 row lanes' sums in lane order and write this group's partial.
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      partial[0][ty][tx * kVec + i] = acc0[i];
-      if constexpr (L == 2) partial[L - 1][ty][tx * kVec + i] = acc1[i];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < L * kTileCols; i += kThreads) {
-      const int h = i / kTileCols;
-      const int c = i % kTileCols;
-      float s = partial[h][0][c];
-#pragma unroll
-      for (int t = 1; t < kRowLanes; ++t) s += partial[h][t][c];
-      if (tile_col0 + c < H) a.workspace[bg * (L * H) + h * H + tile_col0 + c] = s;
-    }
-    __syncthreads();  // `partial` is reused by the next group
+    commit_group_partial<L, kVec>(partial, acc0, acc1, H, tile_col0, a.workspace + bg * (L * H));
   }
 
   if (a.amax != nullptr) block_amax_commit(amax_bits, a.amax);
@@ -268,23 +280,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       cp_async_wait<0>();  // only empty groups can be pending here
     }
 
-    // Add the 8 row lanes' sums in lane order and write this group's partial.
     __syncthreads();  // every thread is done reading `stage`, which `partial` overlays
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      partial[0][ty][tx * kVec + i] = acc0[i];
-      if constexpr (L == 2) partial[L - 1][ty][tx * kVec + i] = acc1[i];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < L * kTileCols; i += kThreads) {
-      const int h = i / kTileCols;
-      const int c = i % kTileCols;
-      float s = partial[h][0][c];
-#pragma unroll
-      for (int t = 1; t < kRowLanes; ++t) s += partial[h][t][c];
-      if (tile_col0 + c < H) a.workspace[bg * (L * H) + h * H + tile_col0 + c] = s;
-    }
-    __syncthreads();  // `stage` is reused by the next group
+    commit_group_partial<L, kVec>(partial, acc0, acc1, H, tile_col0, a.workspace + bg * (L * H));
   }
 
   if (a.amax != nullptr) block_amax_commit(amax_bits, a.amax);
