@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
@@ -45,6 +46,18 @@ def act_params_attr(params: ActivationParams | None) -> dict:
             "glu_linear_offset": np.float32(c.glu_linear_offset),
         }
     }
+
+
+def amax(y: jax.Array, batch_axes: int = 0) -> jax.Array:
+    """``max|y|`` in float32 (NaN propagates), the ``output_amax`` result computed in JAX.
+
+    ``batch_axes = 0``: shape ``(1,)``. ``batch_axes = 1``: one per element of the leading axis,
+    shape ``(B, 1)`` (what a vmapped ``(1,)`` amax is).
+    """
+    a = jnp.abs(y.astype(jnp.float32))
+    if batch_axes:
+        return jnp.max(a.reshape(y.shape[0], -1), axis=1, initial=0.0)[:, None]
+    return jnp.max(a, initial=0.0).reshape(1)
 
 
 def make_primitive(name: str) -> Primitive:

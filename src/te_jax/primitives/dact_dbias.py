@@ -13,6 +13,7 @@ count depends only on the shape (``dbias_groups``), so the result never depends 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -208,17 +209,16 @@ def _abstract(dz, x, *, act, params, is_dbias, n_batch, output_amax):
 
 
 def _reference(dz, x, *, act, params, is_dbias, n_batch, output_amax):
-    if is_dbias:
-        # Sum over the row axes only: the leading n_batch axes keep their own dbias.
-        dxf = reference._dact_compute(dz, x, act, params)
-        dx = dxf.astype(x.dtype)
-        dbias = jnp.sum(dxf, axis=tuple(range(n_batch, x.ndim - act.act_len))).astype(x.dtype)
-        outs = [dx, dbias]
-    else:
-        dx = reference.dact_lu(dz, x, act, params)
-        outs = [dx]
+    # The leading n_batch axes are vmapped axes, each with its own dbias: vmap the reference.
+    fn = functools.partial(
+        reference.quantize_dact_dbias, activation_type=act, is_dbias=is_dbias, act_params=params
+    )
+    for _ in range(n_batch):
+        fn = jax.vmap(fn)
+    dx, dbias = fn(dz, x)
+    outs = [dx, dbias] if is_dbias else [dx]
     if output_amax:
-        outs.append(jnp.max(jnp.abs(dx.astype(jnp.float32)), initial=0.0).reshape(1))
+        outs.append(base.amax(dx))
     return outs
 
 
@@ -240,9 +240,7 @@ def _batch(args, dims, *, act, params, is_dbias, n_batch, output_amax):
     )
     out_dims = [0] * len(outs)
     if output_amax:
-        dx = outs[0]
-        amax = jnp.max(jnp.abs(dx.astype(jnp.float32)).reshape(size, -1), axis=1, initial=0.0)
-        outs = list(outs) + [amax[:, None]]
+        outs = list(outs) + [base.amax(outs[0], batch_axes=1)]
         out_dims.append(0)
     return outs, out_dims
 
