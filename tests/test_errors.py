@@ -1,6 +1,7 @@
 """Bad input raises a Python exception naming the problem at trace time (under jax.eval_shape:
 no kernel runs), for every public op and implementation; float64 is served by the pure-JAX path
-(not an error) unless implementation="ffi"; a quantizer raises NotImplementedError (for now)."""
+(not an error) unless implementation="ffi"; an object that is not a te_jax quantizer is a
+TypeError (the quantizers' own errors: tests/quantize/)."""
 
 from __future__ import annotations
 
@@ -120,18 +121,19 @@ def test_bad_implementation_name(op):
     _raises(ValueError, op, (4, 8), (4, 8), match="implementation", implementation="cuda")
 
 
-class _SomeQuantizer:  # stands for any quantizer object until quantization lands
-    pass
+class _NotAQuantizer:
+    scaling_mode = 1
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=str)
 @pytest.mark.parametrize("op", ["act_lu", "dact_lu", "quantize_dact_dbias"])
-def test_quantizer_not_implemented_yet(op, impl):
-    with pytest.raises(NotImplementedError):
-        _trace(op, (4, 8), (4, 8), quantizer=_SomeQuantizer(), implementation=impl)
+def test_quantizer_must_be_a_te_jax_quantizer(op, impl):
+    match = "quantizer must be a te_jax.quantize quantizer"
+    with pytest.raises(TypeError, match=match):
+        _trace(op, (4, 8), (4, 8), quantizer=_NotAQuantizer(), implementation=impl)
     x = jnp.ones((4, 8), jnp.float32)  # and eagerly
-    with pytest.raises(NotImplementedError):
-        _call(op, x, x, quantizer=_SomeQuantizer(), implementation=impl)
+    with pytest.raises(TypeError, match=match):
+        _call(op, x, x, quantizer=_NotAQuantizer(), implementation=impl)
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=str)

@@ -40,6 +40,8 @@ enum class ActivationEnum : int64_t {
   CLAMPED_SWIGLU = 11,
   GELU_EXACT = 12,
   GEGLU_EXACT = 13,
+  // Internal: y = x. The standalone quantize targets run the activation kernels with it.
+  IDENTITY = 99,
 };
 
 struct ClampedSwigluParams {
@@ -182,6 +184,7 @@ bool with_activation(ActivationEnum e, Fn&& fn) {
       return true;
     case ActivationEnum::GELU_EXACT: fn(ActivationSpec<GeluExact, Identity, false>{}); return true;
     case ActivationEnum::GEGLU_EXACT: fn(ActivationSpec<GeluExact, Identity, true>{}); return true;
+    case ActivationEnum::IDENTITY: fn(ActivationSpec<Identity, Identity, false>{}); return true;
   }
   return false;
 }

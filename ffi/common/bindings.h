@@ -10,9 +10,17 @@
 //   args  dz (..., H), x (..., [2,] H), scale f32[1], amax f32[1]
 //   rets  output, colwise_output, scale_inv, colwise_scale_inv, updated_amax, dbias, workspace
 //   attrs scaling_mode, act_enum, quantize_layout, is_dbias, act_params, output_amax
+// te_jax_quantize (QuantizeFFI): act_lu of the identity, x 2-D [M, N]
+//   args  x, scale, amax; rets as te_jax_act_lu; attrs scaling_mode, quantize_layout, output_amax
+// te_jax_act_amax: first pass of the two-pass modes (CURRENT, NVFP4)
+//   args  x; rets amax f32[batches]; attrs act_enum, act_params
+// te_jax_dact_dbias_amax: first pass of dact_dbias in the two-pass modes
+//   args  dz, x; rets amax f32[batches], dbias, workspace; attrs act_enum, is_dbias, act_params
 //
-// `scale` is the delayed-scaling scale; `amax` is a precomputed (global) amax for the two-pass
-// modes. Outputs a mode does not produce are empty (shape (0,)).
+// `scale` f32[batches] is what y is multiplied by (DELAYED: the quantizer's scale; CURRENT:
+// Q / global amax; NVFP4: the global scale S), computed by the caller; `amax` is not read (it
+// keeps TE's argument list). Outputs a mode does not produce are empty (shape (0,)); see
+// problem.h for every buffer's shape.
 #pragma once
 
 #include "common/attrs.h"
@@ -62,6 +70,50 @@ auto bind_dact_dbias() {
       .template Attr<bool>("is_dbias")
       .template Attr<ActParams>("act_params")
       .template Attr<bool>("output_amax");
+}
+
+template <::xla::ffi::ExecutionStage kStage, typename Context>
+auto bind_quantize() {
+  namespace ffi = ::xla::ffi;
+  return ffi::Ffi::Bind<kStage>()
+      .template Ctx<Context>()
+      .template Arg<ffi::AnyBuffer>()   // x
+      .template Arg<ffi::AnyBuffer>()   // scale
+      .template Arg<ffi::AnyBuffer>()   // amax
+      .template Ret<ffi::AnyBuffer>()   // output
+      .template Ret<ffi::AnyBuffer>()   // colwise_output
+      .template Ret<ffi::AnyBuffer>()   // scale_inv
+      .template Ret<ffi::AnyBuffer>()   // colwise_scale_inv
+      .template Ret<ffi::AnyBuffer>()   // updated_amax
+      .template Attr<ScalingMode>("scaling_mode")
+      .template Attr<QuantizeLayout>("quantize_layout")
+      .template Attr<bool>("output_amax");
+}
+
+template <::xla::ffi::ExecutionStage kStage, typename Context>
+auto bind_act_amax() {
+  namespace ffi = ::xla::ffi;
+  return ffi::Ffi::Bind<kStage>()
+      .template Ctx<Context>()
+      .template Arg<ffi::AnyBuffer>()   // x
+      .template Ret<ffi::AnyBuffer>()   // amax
+      .template Attr<ActivationEnum>("act_enum")
+      .template Attr<ActParams>("act_params");
+}
+
+template <::xla::ffi::ExecutionStage kStage, typename Context>
+auto bind_dact_amax() {
+  namespace ffi = ::xla::ffi;
+  return ffi::Ffi::Bind<kStage>()
+      .template Ctx<Context>()
+      .template Arg<ffi::AnyBuffer>()   // dz
+      .template Arg<ffi::AnyBuffer>()   // x
+      .template Ret<ffi::AnyBuffer>()   // amax
+      .template Ret<ffi::AnyBuffer>()   // dbias
+      .template Ret<ffi::AnyBuffer>()   // workspace
+      .template Attr<ActivationEnum>("act_enum")
+      .template Attr<bool>("is_dbias")
+      .template Attr<ActParams>("act_params");
 }
 
 }  // namespace te_jax

@@ -12,9 +12,24 @@
 //               dbias [batches, act_len, H]: the sum of dx over each batch's rows/batches rows
 //               workspace float32 [batches, groups, act_len * H]: per-group partial sums
 // act_len is 2 for gated activations, 1 otherwise (for which the act axis is absent in the buffers).
+//
+// Quantized outputs (SPEC.md §4-§5) view the output y as 2-D [M, N] (act_lu: M = rows, N = H;
+// dact: N = act_len * H) split into `batches` independent tensors of M / batches consecutive rows
+// (one per vmapped batch element; 1 otherwise), each with its own tensor scale and amax:
+//   DELAYED / CURRENT  data fp8 [M, N]; colwise fp8 [batches, N, M / batches] (each batch's
+//                      transpose); scale f32[batches] multiplies y; scale_inv f32[batches] = 1/scale
+//   MXFP8              data and colwise fp8 [M, N]; block scales E8M0 [M, N/32] / [M/32, N]
+//   NVFP4              data and colwise E2M1 packed two per byte (first element in the low nibble)
+//                      uint8 [M, N/2]; block scales E4M3 [M, N/16] / [M/16, N]; scale f32[batches]
+//                      is the global scale S
+// The value quantized is y rounded to x's dtype (what NO_SCALING would output), so a fused op
+// equals quantize(op(x)) bit for bit; dbias still sums the unrounded float32 values.
+// The amax targets (te_jax_act_amax, te_jax_dact_dbias_amax) are the first pass of the two-pass
+// modes: max|y| per batch (and dbias), nothing else written.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -30,6 +45,26 @@ namespace ffi = ::xla::ffi;
 // Input dtypes the kernels take.
 enum class DType { F32, F16, BF16 };
 
+// Quantized output formats.
+enum class QType { E4M3, E5M2, E2M1 };
+
+// Where and how an op emits y on its generic (quantizing or amax-only) path; see the top comment.
+// Pointers of outputs the call does not produce are nullptr.
+struct QuantOutput {
+  ScalingMode mode = ScalingMode::NO_SCALING;  // NO_SCALING: the amax pass (only amax written)
+  QType qtype = QType::E4M3;
+  int64_t batches = 1;
+  const float* scale = nullptr;          // [batches]: DELAYED, CURRENT, NVFP4
+  uint8_t* data = nullptr;               // rowwise codes
+  uint8_t* colwise = nullptr;            // colwise codes
+  float* scale_inv = nullptr;            // [batches]: DELAYED, CURRENT
+  uint8_t* block_scale = nullptr;        // MXFP8 / NVFP4 rowwise block scales
+  uint8_t* colwise_block_scale = nullptr;
+  float* amax = nullptr;                 // [batches] max|y|
+  bool rowwise() const { return data != nullptr; }
+  bool colwise_out() const { return colwise != nullptr; }
+};
+
 struct ActLuProblem {
   DType dtype;
   ActivationEnum act;
@@ -37,8 +72,10 @@ struct ActLuProblem {
   int64_t rows;
   int64_t hidden;
   const void* x;
-  void* y;
-  float* amax;  // max|y| as float32, or nullptr when output_amax is off
+  void* y;      // NO_SCALING output (nullptr when `quantized`)
+  float* amax;  // NO_SCALING: max|y| as float32, or nullptr when output_amax is off
+  bool quantized = false;  // the generic path: emit through q instead of y / amax
+  QuantOutput q;
 };
 
 struct DActProblem {
@@ -55,7 +92,9 @@ struct DActProblem {
   float* workspace;   // [batches, groups, act_len * hidden], or nullptr
   int64_t batches;    // dbias is reduced over rows / batches consecutive rows per batch
   int64_t groups;     // row groups per batch (deterministic two-stage reduction)
-  float* amax;        // max|dx| as float32, or nullptr
+  float* amax;        // NO_SCALING: max|dx| as float32, or nullptr
+  bool quantized = false;  // the generic path: emit dx through q instead of dx / amax
+  QuantOutput q;
 };
 
 namespace detail {
@@ -115,78 +154,204 @@ inline bool same_dims(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b) {
   return true;
 }
 
-// Checks the quantization arguments. Only NO_SCALING is implemented so far: the scaled modes
-// return an error naming the mode, and their outputs must be empty.
-inline ffi::Error check_no_scaling(const char* op, ScalingMode mode, ffi::AnyBuffer scale,
-                                   ffi::AnyBuffer amax, ffi::AnyBuffer colwise_out,
-                                   ffi::AnyBuffer scale_inv, ffi::AnyBuffer colwise_scale_inv,
-                                   ffi::AnyBuffer updated_amax, bool output_amax) {
-  if (mode != ScalingMode::NO_SCALING) {
-    return invalid(op, std::string("scaling_mode ") + scaling_mode_name(mode) +
-                           " is not implemented yet; only NO_SCALING is");
+inline const char* qtype_name(QType t) {
+  switch (t) {
+    case QType::E4M3: return "float8_e4m3fn";
+    case QType::E5M2: return "float8_e5m2";
+    case QType::E2M1: return "float4_e2m1fn (packed uint8)";
   }
-  if (scale.element_type() != ffi::DataType::F32 || amax.element_type() != ffi::DataType::F32) {
-    return invalid(op, "scale and amax must be float32");
+  return "?";
+}
+
+inline std::string count_error(const char* what, size_t want, ffi::AnyBuffer b) {
+  return std::string(what) + " must have " + std::to_string(want) + " elements, got shape " +
+         dims_str(b.dimensions());
+}
+
+// The output buffers of an op whose output y is [m, n], made of rows of `unit`-column pieces that
+// a scaling block must not straddle (gated dact: the two halves, unit = H; otherwise unit = n).
+// NO_SCALING fills y / amax (the fast path); the scaled modes fill q and set quantized.
+struct OutputBuffers {
+  ffi::AnyBuffer scale, out, colwise_out, scale_inv, colwise_scale_inv, updated_amax;
+};
+
+inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout layout,
+                                ffi::DataType x_type, int64_t m, int64_t n, int64_t unit,
+                                const OutputBuffers& b, bool output_amax, void*& y, float*& amax,
+                                bool& quantized, QuantOutput& q) {
+  using DT = ffi::DataType;
+  if (b.scale.element_type() != DT::F32 || b.updated_amax.element_type() != DT::F32) {
+    return invalid(op, "scale and updated_amax must be float32");
   }
-  if (colwise_out.element_count() != 0 || scale_inv.element_count() != 0 ||
-      colwise_scale_inv.element_count() != 0) {
-    return invalid(op, "NO_SCALING takes empty colwise_output, scale_inv and colwise_scale_inv");
+  if (layout != QuantizeLayout::ROWWISE && layout != QuantizeLayout::COLWISE &&
+      layout != QuantizeLayout::ROWWISE_COLWISE) {
+    return invalid(op, "unknown quantize_layout " + std::to_string(static_cast<int64_t>(layout)));
   }
-  const size_t want = output_amax ? 1 : 0;
-  if (updated_amax.element_type() != ffi::DataType::F32 || updated_amax.element_count() != want) {
-    return invalid(op, std::string("updated_amax must be float32 with ") + std::to_string(want) +
-                           " element(s) when output_amax is " + (output_amax ? "true" : "false"));
+  const size_t elems = static_cast<size_t>(m * n);
+  if (mode == ScalingMode::NO_SCALING) {
+    if (b.colwise_out.element_count() != 0 || b.scale_inv.element_count() != 0 ||
+        b.colwise_scale_inv.element_count() != 0) {
+      return invalid(op, "NO_SCALING takes empty colwise_output, scale_inv and colwise_scale_inv");
+    }
+    const size_t want = output_amax ? 1 : 0;
+    if (b.updated_amax.element_count() != want) {
+      return invalid(op, std::string("updated_amax must have ") + std::to_string(want) +
+                             " element(s) when output_amax is " + (output_amax ? "true" : "false"));
+    }
+    if (b.out.element_type() != x_type || b.out.element_count() != elems) {
+      return invalid(op, "output must be " + std::string(dtype_name(x_type)) + " with " +
+                             std::to_string(elems) + " elements, got " +
+                             dims_str(b.out.dimensions()));
+    }
+    y = b.out.untyped_data();
+    amax = output_amax ? b.updated_amax.typed_data<float>() : nullptr;
+    quantized = false;
+    return ffi::Error::Success();
+  }
+
+  const bool tensor = mode == ScalingMode::DELAYED_TENSOR_SCALING ||
+                      mode == ScalingMode::CURRENT_TENSOR_SCALING;
+  const bool mxfp8 = mode == ScalingMode::MXFP8_1D_SCALING;
+  const bool nvfp4 = mode == ScalingMode::NVFP4_1D_SCALING;
+  if (!tensor && !mxfp8 && !nvfp4) {
+    return invalid(op, "unknown scaling_mode " + std::to_string(static_cast<int64_t>(mode)));
+  }
+  const bool row = layout != QuantizeLayout::COLWISE;
+  const bool col = layout != QuantizeLayout::ROWWISE;
+  q = QuantOutput{};
+  q.mode = mode;
+  q.batches = static_cast<int64_t>(b.scale.element_count());
+  if (q.batches < 1 || (m % q.batches) != 0) {
+    return invalid(op, "scale must have one element per batch (a divisor of the " +
+                           std::to_string(m) + " rows), got shape " +
+                           dims_str(b.scale.dimensions()));
+  }
+  const int64_t rows_per_batch = m / q.batches;
+
+  // Data codes: fp8 dtype for the tensor modes and MXFP8, packed uint8 for NVFP4.
+  const size_t data_elems = nvfp4 ? elems / 2 : elems;
+  std::optional<QType> qtype;
+  for (const ffi::AnyBuffer* d : {&b.out, &b.colwise_out}) {
+    if (d->element_count() == 0) continue;
+    std::optional<QType> t;
+    if (nvfp4 && d->element_type() == DT::U8) t = QType::E2M1;
+    if (!nvfp4 && d->element_type() == DT::F8E4M3FN) t = QType::E4M3;
+    if (!nvfp4 && d->element_type() == DT::F8E5M2) t = QType::E5M2;
+    if (!t || (qtype && *qtype != *t)) {
+      return invalid(op, std::string(scaling_mode_name(mode)) +
+                             (nvfp4 ? " data must be uint8 (two E2M1 codes per byte)"
+                                    : " data must be float8_e4m3fn or float8_e5m2 (both alike)"));
+    }
+    qtype = t;
+  }
+  q.qtype = qtype.value_or(nvfp4 ? QType::E2M1 : QType::E4M3);
+  if (b.out.element_count() != (row ? data_elems : 0)) {
+    return invalid(op, count_error("output", row ? data_elems : 0, b.out));
+  }
+  if (b.colwise_out.element_count() != (col ? data_elems : 0)) {
+    return invalid(op, count_error("colwise_output", col ? data_elems : 0, b.colwise_out));
+  }
+
+  if (tensor) {
+    if (b.scale_inv.element_type() != DT::F32 ||
+        b.scale_inv.element_count() != static_cast<size_t>(q.batches)) {
+      return invalid(op, "scale_inv must be float32 with one element per batch (" +
+                             std::to_string(q.batches) + ")");
+    }
+    if (b.colwise_scale_inv.element_count() != 0) {
+      return invalid(op, "tensor scaling shares scale_inv: colwise_scale_inv must be empty");
+    }
+    q.scale_inv = b.scale_inv.typed_data<float>();
+  } else {
+    const int64_t bs = mxfp8 ? 32 : 16;
+    if (row && unit % bs != 0) {
+      return invalid(op, std::string(scaling_mode_name(mode)) + " rowwise needs the last axis (" +
+                             std::to_string(unit) + ") divisible by " + std::to_string(bs));
+    }
+    if (col && rows_per_batch % bs != 0) {
+      return invalid(op, std::string(scaling_mode_name(mode)) + " colwise needs the rows (" +
+                             std::to_string(rows_per_batch) + " per batch) divisible by " +
+                             std::to_string(bs));
+    }
+    const auto scale_type_ok = [&](ffi::DataType t) {
+      return mxfp8 ? (t == DT::U8 || t == DT::F8E8M0FNU) : (t == DT::U8 || t == DT::F8E4M3FN);
+    };
+    const auto scale_ok = [&](ffi::AnyBuffer s, size_t want) {
+      return s.element_count() == want && (want == 0 || scale_type_ok(s.element_type()));
+    };
+    const size_t row_scales = row ? elems / bs : 0, col_scales = col ? elems / bs : 0;
+    const char* scale_dtype = mxfp8 ? "float8_e8m0fnu" : "float8_e4m3fn";
+    if (!scale_ok(b.scale_inv, row_scales)) {
+      return invalid(op, count_error((std::string("scale_inv (") + scale_dtype + ")").c_str(),
+                                     row_scales, b.scale_inv));
+    }
+    if (!scale_ok(b.colwise_scale_inv, col_scales)) {
+      return invalid(op,
+                     count_error((std::string("colwise_scale_inv (") + scale_dtype + ")").c_str(),
+                                 col_scales, b.colwise_scale_inv));
+    }
+    if (row) q.block_scale = static_cast<uint8_t*>(b.scale_inv.untyped_data());
+    if (col) q.colwise_block_scale = static_cast<uint8_t*>(b.colwise_scale_inv.untyped_data());
+  }
+
+  const size_t amax_count = b.updated_amax.element_count();
+  const bool amax_required = mode == ScalingMode::DELAYED_TENSOR_SCALING;
+  if (amax_count != static_cast<size_t>(q.batches) && (amax_required || amax_count != 0)) {
+    return invalid(op, std::string("updated_amax must have one element per batch (") +
+                           std::to_string(q.batches) + ")" +
+                           (amax_required ? "" : " or none") + ", got shape " +
+                           dims_str(b.updated_amax.dimensions()));
+  }
+  if (amax_count != 0) q.amax = b.updated_amax.typed_data<float>();
+  if (mode != ScalingMode::MXFP8_1D_SCALING) q.scale = b.scale.typed_data<float>();
+  if (row) q.data = static_cast<uint8_t*>(b.out.untyped_data());
+  if (col) q.colwise = static_cast<uint8_t*>(b.colwise_out.untyped_data());
+  y = nullptr;
+  amax = nullptr;
+  quantized = true;
+  return ffi::Error::Success();
+}
+
+// The amax buffer of an amax pass: float32, one element per batch.
+inline ffi::Error decode_amax_output(const char* op, int64_t m, ffi::AnyBuffer out,
+                                     QuantOutput& q) {
+  q = QuantOutput{};
+  q.batches = static_cast<int64_t>(out.element_count());
+  if (out.element_type() != ffi::DataType::F32 || q.batches < 1 || m % q.batches != 0) {
+    return invalid(op, "amax must be float32 with one element per batch (a divisor of the " +
+                           std::to_string(m) + " rows), got shape " + dims_str(out.dimensions()));
+  }
+  q.amax = out.typed_data<float>();
+  return ffi::Error::Success();
+}
+
+inline ffi::Error activation_len(const char* op, ActivationEnum act, int& act_len) {
+  if (!with_activation(act, [&](auto spec) { act_len = decltype(spec)::kActLen; })) {
+    return invalid(op, "unknown act_enum " + std::to_string(static_cast<int64_t>(act)));
   }
   return ffi::Error::Success();
 }
 
-}  // namespace detail
-
-inline ffi::Error decode_act_lu(
-    ActLuProblem& p, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax, ffi::AnyBuffer* out,
-    ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv, ffi::AnyBuffer* colwise_scale_inv,
-    ffi::AnyBuffer* updated_amax, ActivationEnum act, ScalingMode mode, QuantizeLayout layout,
-    const ActParams& params, bool output_amax) {
-  constexpr const char* op = "te_jax_act_lu";
-  using namespace detail;
-  int act_len = 0;
-  if (!with_activation(act, [&](auto spec) { act_len = decltype(spec)::kActLen; })) {
-    return invalid(op, "unknown act_enum " + std::to_string(static_cast<int64_t>(act)));
-  }
+// x (and its activation) of act_lu and the amax pass.
+inline ffi::Error decode_act_input(const char* op, ActLuProblem& p, ffi::AnyBuffer x,
+                                   ActivationEnum act, const ActParams& params, int& act_len) {
+  if (auto e = activation_len(op, act, act_len); e.failure()) return e;
   auto dtype = kernel_dtype(x.element_type());
   if (!dtype) {
     return invalid(op, std::string("x must be float32, bfloat16 or float16, got ") +
                            dtype_name(x.element_type()));
   }
-  if (auto e = check_no_scaling(op, mode, scale, amax, *colwise_out, *scale_inv,
-                                *colwise_scale_inv, *updated_amax, output_amax);
-      e.failure()) {
-    return e;
-  }
-  p = ActLuProblem{*dtype, act, params, 0, 0, x.untyped_data(), out->untyped_data(), nullptr};
-  if (auto e = split_rows(op, x.dimensions(), act_len, p.rows, p.hidden); e.failure()) return e;
-  if (out->element_type() != x.element_type() ||
-      out->element_count() != static_cast<size_t>(p.rows * p.hidden)) {
-    return invalid(op, "output must be " + std::string(dtype_name(x.element_type())) + " with " +
-                           std::to_string(p.rows * p.hidden) + " elements, got " +
-                           dims_str(out->dimensions()));
-  }
-  if (output_amax) p.amax = updated_amax->typed_data<float>();
-  return ffi::Error::Success();
+  p = ActLuProblem{*dtype, act, params, 0, 0, x.untyped_data(), nullptr, nullptr};
+  return split_rows(op, x.dimensions(), act_len, p.rows, p.hidden);
 }
 
-inline ffi::Error decode_dact_dbias(
-    DActProblem& p, ffi::AnyBuffer dz, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax,
-    ffi::AnyBuffer* out, ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv,
-    ffi::AnyBuffer* colwise_scale_inv, ffi::AnyBuffer* updated_amax, ffi::AnyBuffer* dbias,
-    ffi::AnyBuffer* workspace, ScalingMode mode, ActivationEnum act, QuantizeLayout layout,
-    bool is_dbias, const ActParams& params, bool output_amax) {
-  constexpr const char* op = "te_jax_dact_dbias_quantize";
-  using namespace detail;
+// dz, x, dbias and workspace of dact_dbias and its amax pass.
+inline ffi::Error decode_dact_input(const char* op, DActProblem& p, ffi::AnyBuffer dz,
+                                    ffi::AnyBuffer x, ffi::AnyBuffer* dbias,
+                                    ffi::AnyBuffer* workspace, ActivationEnum act, bool is_dbias,
+                                    const ActParams& params) {
   int act_len = 0;
-  if (!with_activation(act, [&](auto spec) { act_len = decltype(spec)::kActLen; })) {
-    return invalid(op, "unknown act_enum " + std::to_string(static_cast<int64_t>(act)));
-  }
+  if (auto e = activation_len(op, act, act_len); e.failure()) return e;
   auto dtype = kernel_dtype(x.element_type());
   if (!dtype) {
     return invalid(op, std::string("x must be float32, bfloat16 or float16, got ") +
@@ -195,11 +360,6 @@ inline ffi::Error decode_dact_dbias(
   if (dz.element_type() != x.element_type()) {
     return invalid(op, std::string("dz must have x's dtype ") + dtype_name(x.element_type()) +
                            ", got " + dtype_name(dz.element_type()));
-  }
-  if (auto e = check_no_scaling(op, mode, scale, amax, *colwise_out, *scale_inv,
-                                *colwise_scale_inv, *updated_amax, output_amax);
-      e.failure()) {
-    return e;
   }
   p = DActProblem{};
   p.dtype = *dtype;
@@ -214,12 +374,8 @@ inline ffi::Error decode_dact_dbias(
                            std::to_string(p.rows) + " rows of " + std::to_string(p.hidden) +
                            "), got " + dims_str(dz.dimensions()));
   }
-  if (out->element_type() != x.element_type() || !same_dims(out->dimensions(), x.dimensions())) {
-    return invalid(op, "output must have x's shape " + dims_str(x.dimensions()) + " and dtype");
-  }
   p.dz = dz.untyped_data();
   p.x = x.untyped_data();
-  p.dx = out->untyped_data();
   if (is_dbias) {
     if (dbias->element_type() != x.element_type() || n == 0 || dbias->element_count() == 0 ||
         dbias->element_count() % n != 0) {
@@ -244,8 +400,95 @@ inline ffi::Error decode_dact_dbias(
   } else if (dbias->element_count() != 0 || workspace->element_count() != 0) {
     return invalid(op, "dbias and workspace must be empty when is_dbias is false");
   }
-  if (output_amax) p.amax = updated_amax->typed_data<float>();
   return ffi::Error::Success();
+}
+
+// Quantized dact with dbias: the dbias batches are the quantization batches.
+inline ffi::Error check_dbias_batches(const char* op, const DActProblem& p) {
+  if (p.quantized && p.dbias != nullptr && p.batches != p.q.batches) {
+    return invalid(op, "dbias has " + std::to_string(p.batches) + " batches but scale has " +
+                           std::to_string(p.q.batches));
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace detail
+
+inline ffi::Error decode_act_lu(
+    ActLuProblem& p, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax, ffi::AnyBuffer* out,
+    ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv, ffi::AnyBuffer* colwise_scale_inv,
+    ffi::AnyBuffer* updated_amax, ActivationEnum act, ScalingMode mode, QuantizeLayout layout,
+    const ActParams& params, bool output_amax, const char* op = "te_jax_act_lu") {
+  using namespace detail;
+  int act_len = 0;
+  if (auto e = decode_act_input(op, p, x, act, params, act_len); e.failure()) return e;
+  if (amax.element_type() != ffi::DataType::F32) return invalid(op, "amax must be float32");
+  const OutputBuffers b{scale, *out, *colwise_out, *scale_inv, *colwise_scale_inv, *updated_amax};
+  return decode_output(op, mode, layout, x.element_type(), p.rows, p.hidden, p.hidden, b,
+                       output_amax, p.y, p.amax, p.quantized, p.q);
+}
+
+inline ffi::Error decode_dact_dbias(
+    DActProblem& p, ffi::AnyBuffer dz, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax,
+    ffi::AnyBuffer* out, ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv,
+    ffi::AnyBuffer* colwise_scale_inv, ffi::AnyBuffer* updated_amax, ffi::AnyBuffer* dbias,
+    ffi::AnyBuffer* workspace, ScalingMode mode, ActivationEnum act, QuantizeLayout layout,
+    bool is_dbias, const ActParams& params, bool output_amax) {
+  constexpr const char* op = "te_jax_dact_dbias_quantize";
+  using namespace detail;
+  if (auto e = decode_dact_input(op, p, dz, x, dbias, workspace, act, is_dbias, params);
+      e.failure()) {
+    return e;
+  }
+  if (amax.element_type() != ffi::DataType::F32) return invalid(op, "amax must be float32");
+  if (mode == ScalingMode::NO_SCALING &&
+      (out->element_type() != x.element_type() || !same_dims(out->dimensions(), x.dimensions()))) {
+    return invalid(op, "output must have x's shape " + dims_str(x.dimensions()) + " and dtype");
+  }
+  const OutputBuffers b{scale, *out, *colwise_out, *scale_inv, *colwise_scale_inv, *updated_amax};
+  if (auto e = decode_output(op, mode, layout, x.element_type(), p.rows, p.act_len * p.hidden,
+                             p.hidden, b, output_amax, p.dx, p.amax, p.quantized, p.q);
+      e.failure()) {
+    return e;
+  }
+  return check_dbias_batches(op, p);
+}
+
+// te_jax_quantize: act_lu of the identity on x viewed as [rows, N] (Python passes 2-D x).
+inline ffi::Error decode_quantize(
+    ActLuProblem& p, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax, ffi::AnyBuffer* out,
+    ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv, ffi::AnyBuffer* colwise_scale_inv,
+    ffi::AnyBuffer* updated_amax, ScalingMode mode, QuantizeLayout layout, bool output_amax) {
+  return decode_act_lu(p, x, scale, amax, out, colwise_out, scale_inv, colwise_scale_inv,
+                       updated_amax, ActivationEnum::IDENTITY, mode, layout, ActParams{},
+                       output_amax, "te_jax_quantize");
+}
+
+// te_jax_act_amax: the first pass of act_lu (or quantize, act = IDENTITY) in the two-pass modes.
+inline ffi::Error decode_act_amax(ActLuProblem& p, ffi::AnyBuffer x, ffi::AnyBuffer* amax_out,
+                                  ActivationEnum act, const ActParams& params) {
+  constexpr const char* op = "te_jax_act_amax";
+  using namespace detail;
+  int act_len = 0;
+  if (auto e = decode_act_input(op, p, x, act, params, act_len); e.failure()) return e;
+  p.quantized = true;
+  return decode_amax_output(op, p.rows, *amax_out, p.q);
+}
+
+// te_jax_dact_dbias_amax: the first pass of dact_dbias in the two-pass modes (amax and dbias).
+inline ffi::Error decode_dact_amax(DActProblem& p, ffi::AnyBuffer dz, ffi::AnyBuffer x,
+                                   ffi::AnyBuffer* amax_out, ffi::AnyBuffer* dbias,
+                                   ffi::AnyBuffer* workspace, ActivationEnum act, bool is_dbias,
+                                   const ActParams& params) {
+  constexpr const char* op = "te_jax_dact_dbias_amax";
+  using namespace detail;
+  if (auto e = decode_dact_input(op, p, dz, x, dbias, workspace, act, is_dbias, params);
+      e.failure()) {
+    return e;
+  }
+  p.quantized = true;
+  if (auto e = decode_amax_output(op, p.rows, *amax_out, p.q); e.failure()) return e;
+  return check_dbias_batches(op, p);
 }
 
 }  // namespace te_jax

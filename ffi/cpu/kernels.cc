@@ -18,95 +18,14 @@
 #include "common/activations.h"
 #include "common/host_math.h"
 #include "common/macros.h"
+#include "cpu/loops.h"
 #include "cpu/parallel.h"
-
-// Attributes of the hot loops. With GCC >= 11 on ELF x86-64 they are compiled for x86-64-v4
-// (AVX-512), v3 (AVX2 + FMA) and the baseline, dispatched once at load time through an ifunc
-// (wheels are built for the baseline). Elsewhere the loops are compiled once, with the target's
-// default flags. A build may define TE_JAX_LOOP itself (e.g. empty, to test one ISA level chosen
-// with -march). The CPU extension is compiled with -fno-trapping-math (CMakeLists.txt): without
-// it GCC will not if-convert a ?: whose arm computes (`x > 0 ? x * x : 0` in activations.h), and
-// those loops stay scalar below AVX-512. Results are unchanged; nothing observes FP exceptions.
-#if defined(TE_JAX_LOOP)
-#elif defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && \
-    defined(__ELF__)
-#define TE_JAX_LOOP \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define TE_JAX_LOOP
-#endif
 
 namespace te_jax::cpu {
 namespace {
 
 namespace ffi = ::xla::ffi;
-namespace hb = ::te_jax::math::host::bits;
-
-// ---- storage types -------------------------------------------------------------------------
-// load: storage -> float32; store: float32 -> storage, rounding to nearest even, NaN kept NaN.
-// All selects are branch-free (hb::select; see host_math.h for why).
-// abs_key: a non-negative int32 that orders |v| like the values do, with every NaN above +inf,
-// so an integer max over keys is max|v| with NaN propagation (and is associative: deterministic).
-
-struct F32 {
-  using T = float;
-  TE_HD static float load(float v) { return v; }
-  TE_HD static float store(float f) { return f; }
-  TE_HD static int32_t abs_key(float v) { return static_cast<int32_t>(hb::of(v) & 0x7fffffffu); }
-  static float key_value(int32_t k) { return hb::to_float(static_cast<uint32_t>(k)); }
-};
-
-struct BF16 {
-  using T = uint16_t;
-  TE_HD static float load(uint16_t v) { return hb::to_float(static_cast<uint32_t>(v) << 16); }
-  TE_HD static uint16_t store(float f) {
-    const uint32_t u = hb::of(f);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // RNE; overflow -> inf
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    return static_cast<uint16_t>(hb::select((u & 0x7fffffffu) > 0x7f800000u, quiet_nan, rounded));
-  }
-  TE_HD static int32_t abs_key(uint16_t v) { return static_cast<int32_t>(v & 0x7fffu); }
-  static float key_value(int32_t k) { return load(static_cast<uint16_t>(k)); }
-};
-
-struct F16 {
-  using T = uint16_t;
-  TE_HD static float load(uint16_t v) {
-    const uint32_t h = v;
-    const uint32_t sign = (h & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 0x1fu;
-    const uint32_t m = h & 0x3ffu;
-    const uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
-    const uint32_t inf_nan = sign | 0x7f800000u | (m << 13);
-    // Subnormal (and zero): m * 2^-24, exact, computed without subnormal floats (so it also holds
-    // under denormals-are-zero, which XLA's CPU threads set).
-    const float m_scaled = static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f;
-    const uint32_t subnormal = sign | hb::of(m_scaled);
-    return hb::to_float(hb::select(e == 0, subnormal, hb::select(e == 31u, inf_nan, normal)));
-  }
-  TE_HD static uint16_t store(float f) {
-    const uint32_t u = hb::of(f);
-    const uint32_t sign = (u >> 16) & 0x8000u;
-    const uint32_t a = u & 0x7fffffffu;
-    // Normal range: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest
-    // even; >= 65520 rounds to (or past) 0x7c00 and saturates there, i.e. +-inf.
-    uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
-    normal = std::min(normal, 0x7c00u);
-    // |f| < 2^-14: adding 0.5 makes the FPU round |f| to a multiple of 2^-24 (the f16 subnormal
-    // step), ties to even; the low bits of the sum are then the f16 bits (0x400 = 2^-14 included).
-    const uint32_t subnormal = hb::of(hb::to_float(a) + 0.5f) - 0x3f000000u;
-    const uint32_t quiet_nan = 0x7e00u | ((a >> 13) & 0x3ffu);
-    const uint32_t r =
-        hb::select(a > 0x7f800000u, quiet_nan, hb::select(a < 0x38800000u, subnormal, normal));
-    return static_cast<uint16_t>(r | sign);
-  }
-  TE_HD static int32_t abs_key(uint16_t v) { return static_cast<int32_t>(v & 0x7fffu); }
-  static float key_value(int32_t k) { return load(static_cast<uint16_t>(k)); }
-};
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
+using namespace loops;
 
 // ---- hot loops ---------------------------------------------------------------------------
 // Plain loops over contiguous elements, compiled for each x86-64 level. They only ever run on a
@@ -119,11 +38,6 @@ int64_t round_up(int64_t a, int64_t m) { return ceil_div(a, m) * m; }
 //
 // Each main loop returns the max abs_key of what it stored. ActParams is taken by value so that
 // the compiler knows the stores cannot change it.
-
-// Elements per vector-code block: a multiple of every vectorisation factor the compiler may pick.
-constexpr int64_t kVec = 64;
-
-int64_t round_up_vec(int64_t n) { return round_up(n, kVec); }
 
 // Non-gated forward over n contiguous elements (n % kVec == 0).
 template <typename Spec, typename D, bool kAmax>
@@ -255,51 +169,6 @@ TE_JAX_LOOP int32_t bwd_dbias(const typename D::T* __restrict dz,
     }
   }
   return key;
-}
-
-// Unrounded float32 results of n gathered elements (n % kVec == 0); b is unused when not gated.
-template <typename Spec, typename D>
-TE_JAX_LOOP void fwd_raw(const typename D::T* __restrict a,
-                         const typename D::T* __restrict b, float* __restrict f,
-                         int64_t n, ActParams p) {
-  for (int64_t i0 = 0; i0 < n; i0 += kVec) {
-    for (int64_t i = i0; i < i0 + kVec; ++i) {
-      f[i] = act_forward<Spec>(D::load(a[i]), Spec::kGated ? D::load(b[i]) : 0.0f, p);
-    }
-  }
-}
-
-template <typename Spec, typename D>
-TE_JAX_LOOP void bwd_raw(const typename D::T* __restrict g,
-                         const typename D::T* __restrict a,
-                         const typename D::T* __restrict b, float* __restrict da,
-                         float* __restrict db, int64_t n, ActParams p) {
-  for (int64_t i0 = 0; i0 < n; i0 += kVec) {
-    for (int64_t i = i0; i < i0 + kVec; ++i) {
-      float fa, fb;
-      act_backward<Spec>(D::load(g[i]), D::load(a[i]), Spec::kGated ? D::load(b[i]) : 0.0f, p,
-                         fa, fb);
-      da[i] = fa;
-      db[i] = fb;
-    }
-  }
-}
-
-// dbias[n] = sum over g = 0..groups-1, in order, of ws[g * stride + n], for n in [n0, n1).
-template <typename D>
-TE_JAX_LOOP void reduce_groups(const float* __restrict ws, typename D::T* __restrict dbias,
-                               int64_t groups, int64_t stride, int64_t n0, int64_t n1) {
-  constexpr int64_t kBlock = 512;
-  float acc[kBlock];
-  for (int64_t s = n0; s < n1; s += kBlock) {
-    const int64_t len = std::min(kBlock, n1 - s);
-    for (int64_t i = 0; i < len; ++i) acc[i] = ws[s + i];
-    for (int64_t g = 1; g < groups; ++g) {
-      const float* __restrict row = ws + g * stride + s;
-      for (int64_t i = 0; i < len; ++i) acc[i] += row[i];
-    }
-    for (int64_t i = 0; i < len; ++i) dbias[s + i] = D::store(acc[i]);
-  }
 }
 
 // ---- row tails -----------------------------------------------------------------------------
@@ -618,15 +487,7 @@ int32_t dact_with_dbias(const DActProblem& p, ffi::ThreadPool* pool) {
                                        c0, c1, params);
   });
 
-  // dbias[b, :] = sum over g in order of ws[b, g, :]; split over (batch, column block).
-  const int64_t red_cols = std::max<int64_t>(4096, round_up(ceil_div(n, want), kColAlign));
-  const int64_t red_blocks = ceil_div(n, red_cols);
-  const bool parallel_reduce = batches * groups * n >= 4 * kChunkElems;
-  parallel_chunks(parallel_reduce ? pool : nullptr, batches * red_blocks, [&](int64_t t) {
-    const int64_t b = t / red_blocks, blk = t % red_blocks;
-    const int64_t n0 = blk * red_cols, n1 = std::min(n, n0 + red_cols);
-    reduce_groups<D>(ws + b * groups * n, dbias + b * n, groups, n, n0, n1);
-  });
+  sum_groups<D>(ws, dbias, batches, groups, n, pool);
   return max_key(keys);
 }
 
@@ -645,6 +506,7 @@ void dact_dbias_typed(const DActProblem& p, ffi::ThreadPool* pool) {
 }  // namespace
 
 void act_lu(const ActLuProblem& p, ffi::ThreadPool* pool) {
+  if (p.quantized) return act_lu_quantized(p, pool);
   switch (p.dtype) {
     case DType::F32: act_lu_typed<F32>(p, pool); break;
     case DType::BF16: act_lu_typed<BF16>(p, pool); break;
@@ -653,6 +515,7 @@ void act_lu(const ActLuProblem& p, ffi::ThreadPool* pool) {
 }
 
 void dact_dbias(const DActProblem& p, ffi::ThreadPool* pool) {
+  if (p.quantized) return dact_dbias_quantized(p, pool);
   switch (p.dtype) {
     case DType::F32: dact_dbias_typed<F32>(p, pool); break;
     case DType::BF16: dact_dbias_typed<BF16>(p, pool); break;

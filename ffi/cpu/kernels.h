@@ -19,4 +19,8 @@ namespace te_jax::cpu {
 void act_lu(const ActLuProblem& p, ::xla::ffi::ThreadPool* pool);
 void dact_dbias(const DActProblem& p, ::xla::ffi::ThreadPool* pool);
 
+// The generic path (quantized.cc): problems with `quantized` set (scaled modes, amax passes).
+void act_lu_quantized(const ActLuProblem& p, ::xla::ffi::ThreadPool* pool);
+void dact_dbias_quantized(const DActProblem& p, ::xla::ffi::ThreadPool* pool);
+
 }  // namespace te_jax::cpu

@@ -4,9 +4,11 @@ Forward (``act_lu``), backward (``dact_lu``), backward + bias gradient (``quanti
 and the differentiable ``activation`` for GELU, GeGLU, GLU, SiLU, SwiGLU, ReLU, ReGLU, QuickGELU,
 QGeGLU, squared ReLU, SReGLU, clamped SwiGLU and exact GELU/GeGLU, as XLA FFI kernels wrapped in
 JAX primitives (jit, vmap, grad, sharding). ``te_jax.reference`` holds the pure-JAX forms.
+With a quantizer from ``te_jax.quantize`` the outputs are FP8 / MXFP8 / NVFP4 ``ScaledTensor``s
+quantized in the same kernels; ``te_jax.quantize(x, quantizer)`` quantizes on its own.
 """
 
-from te_jax import reference
+from te_jax import quantize, reference
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
@@ -23,4 +25,5 @@ __all__ = [
     "ClampedSwiGLUParams",
     "ffi_available",
     "reference",
+    "quantize",
 ]

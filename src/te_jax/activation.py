@@ -18,52 +18,16 @@ naming the argument, what was expected and what was received.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 
-from te_jax import _ffi, primitives, reference
+from te_jax import primitives, reference
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+from te_jax.dispatch import use_ffi
+from te_jax.quantize_op import quantized_output
 
 __all__ = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
-
-_KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-_IMPLEMENTATIONS = (None, "ffi", "xla")
-
-
-def _use_ffi(op: str, implementation: str | None, dtype) -> bool:
-    """Decides between the kernel and the pure-JAX path (see the module docstring)."""
-    if implementation not in _IMPLEMENTATIONS:
-        raise ValueError(
-            f"te_jax.{op}: implementation must be None, 'ffi' or 'xla', got {implementation!r}"
-        )
-    if implementation is None:
-        env = os.environ.get("TE_JAX_IMPLEMENTATION", "").strip().lower()
-        if env not in ("", "ffi", "xla"):
-            raise ValueError(f"TE_JAX_IMPLEMENTATION must be 'ffi' or 'xla', got {env!r}")
-        implementation = env or None
-    if implementation == "xla":
-        return False
-    kernel_dtype = jnp.dtype(dtype) in _KERNEL_DTYPES
-    if implementation == "ffi":
-        if not kernel_dtype:
-            raise TypeError(
-                f"te_jax.{op}: the FFI kernels take float32, bfloat16 or float16 inputs, got "
-                f"{jnp.dtype(dtype).name}; use implementation=None or 'xla' for other dtypes"
-            )
-        backend = jax.default_backend()
-        if not _ffi.ffi_available(backend):
-            reason = _ffi.load_error(backend)
-            raise RuntimeError(
-                f"te_jax.{op}: implementation='ffi' but te_jax has no kernels for the "
-                f"{backend!r} backend" + (f" ({reason})" if reason else "")
-            )
-        return True
-    # None: the outer primitive lowers to the kernel where one is registered, to the reference
-    # elsewhere, so only dtypes the kernels cannot take are routed away here.
-    return kernel_dtype
-
 
 def _check_x(op: str, x, act: ActivationType) -> None:
     dtype = jnp.result_type(x)
@@ -100,18 +64,9 @@ def _check_dz(op: str, dz, x, act: ActivationType) -> None:
         )
 
 
-def _check_quantizer(op: str, quantizer) -> None:
-    if quantizer is not None:
-        raise NotImplementedError(
-            f"te_jax.{op}: quantized outputs (quantizer=...) are not implemented yet; "
-            "pass quantizer=None"
-        )
-
-
-def _prepare(op, x, activation_type, act_params, quantizer):
+def _prepare(op, x, activation_type, act_params):
     act = ActivationType.parse(activation_type)
     params = ActivationParams.resolve(act, act_params)
-    _check_quantizer(op, quantizer)
     _check_x(op, x, act)
     return act, params
 
@@ -133,12 +88,17 @@ def act_lu(
       x: float32, bfloat16 or float16 input (float64 is served by the pure-JAX path).
       activation_type: e.g. ``("gelu",)``, ``("silu", "linear")``, ``"swiglu"`` or an
         ``ActivationType``.
-      quantizer: must be ``None`` (FP8 output is not implemented yet).
+      quantizer: ``None``, or a ``te_jax.quantize`` quantizer: the output is then a
+        ``ScaledTensor`` quantized in the same pass (two passes over x for current scaling and
+        NVFP4), SPEC.md §4-§6.
       act_params: ``ActivationParams`` for clamped SwiGLU (defaults when ``None``).
       implementation: ``None``, ``"ffi"`` or ``"xla"`` (see the module docstring).
     """
-    act, params = _prepare("act_lu", x, activation_type, act_params, quantizer)
-    if not _use_ffi("act_lu", implementation, jnp.result_type(x)):
+    act, params = _prepare("act_lu", x, activation_type, act_params)
+    if quantizer is not None:
+        return quantized_output("act_lu", "act", (x,), quantizer, act, params,
+                                implementation=implementation)
+    if not use_ffi("act_lu", implementation, jnp.result_type(x)):
         return reference.act_lu(x, act, params)
     return primitives.bind_act_lu(x, act, params)[0]
 
@@ -155,7 +115,7 @@ def quantize_dact_dbias(
     """Activation gradient and bias gradient, fused in one pass.
 
     ``dx = f'(x) * dz`` (gated: ``dx[..., 0, :] = f'(a)·dz·b``, ``dx[..., 1, :] = f(a)·dz``),
-    with x's shape; ``dbias`` is the float32 sum of dx over every axis but the feature axes,
+    with x's shape (a ``ScaledTensor`` with ``quantizer``); ``dbias`` is the float32 sum of dx over every axis but the feature axes,
     shape ``(H,)`` or ``(2, H)``, in x's dtype (``None`` unless ``is_dbias``). Deterministic.
 
     Args:
@@ -165,9 +125,12 @@ def quantize_dact_dbias(
       Others as for ``act_lu``.
     """
     op = "quantize_dact_dbias"
-    act, params = _prepare(op, x, activation_type, act_params, quantizer)
+    act, params = _prepare(op, x, activation_type, act_params)
     _check_dz(op, dz, x, act)
-    if not _use_ffi(op, implementation, jnp.result_type(x)):
+    if quantizer is not None:
+        return quantized_output(op, "dact", (dz, x), quantizer, act, params, bool(is_dbias),
+                                implementation)
+    if not use_ffi(op, implementation, jnp.result_type(x)):
         return reference.quantize_dact_dbias(dz, x, act, is_dbias, params)
     outs = primitives.bind_dact_dbias(dz, x, act, params, bool(is_dbias))
     return outs[0], (outs[1] if is_dbias else None)
@@ -182,9 +145,12 @@ def dact_lu(
     implementation: str | None = None,
 ) -> jax.Array:
     """Activation gradient: ``quantize_dact_dbias(..., is_dbias=False)[0]``."""
-    act, params = _prepare("dact_lu", x, activation_type, act_params, quantizer)
+    act, params = _prepare("dact_lu", x, activation_type, act_params)
     _check_dz("dact_lu", dz, x, act)
-    if not _use_ffi("dact_lu", implementation, jnp.result_type(x)):
+    if quantizer is not None:
+        return quantized_output("dact_lu", "dact", (dz, x), quantizer, act, params, False,
+                                implementation)[0]
+    if not use_ffi("dact_lu", implementation, jnp.result_type(x)):
         return reference.dact_lu(dz, x, act, params)
     return primitives.bind_dact_dbias(dz, x, act, params, False)[0]
 
@@ -215,5 +181,5 @@ def activation(
 
     Works under ``jit``, ``vmap``, ``grad`` (and their compositions) and sharding.
     """
-    act, params = _prepare("activation", x, activation_type, act_params, None)
+    act, params = _prepare("activation", x, activation_type, act_params)
     return _activation(x, act, params, implementation)

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.custom_partitioning import custom_partitioning
+from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import mlir, xla
 from jax.sharding import NamedSharding, PartitionSpec
@@ -173,3 +174,44 @@ def named(mesh, spec: Sequence) -> NamedSharding:
 def row_factor_names(n: int) -> list[str]:
     """Factor names for the leading (row) axes in a Shardy sharding rule."""
     return [f"r{i}" for i in range(n)]
+
+
+# ---- a generic FFI call with struct attributes ------------------------------------------------
+# jax.ffi.ffi_call keeps its attributes as primitive params, which must be hashable, and only
+# freezes the top level: act_params (a nested dict) cannot pass. This primitive freezes nested
+# dicts into sorted item tuples and rebuilds them in the lowering rule.
+
+_ffi_call_p = make_primitive("te_jax_ffi_call")
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return ("__dict__", tuple(sorted((k, _freeze(x)) for k, x in v.items())))
+    return v
+
+
+def _thaw(v):
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == "__dict__":
+        return {k: _thaw(x) for k, x in v[1]}
+    return v
+
+
+@_ffi_call_p.def_abstract_eval
+def _ffi_call_abstract(*operands, target, results, attrs):
+    return [ShapedArray(shape, dtype) for shape, dtype in results]
+
+
+def _ffi_call_lowering(ctx, *operands, target, results, attrs):
+    return jax.ffi.ffi_lowering(target)(ctx, *operands, **_thaw(attrs))
+
+
+for _platform in KERNEL_PLATFORMS:
+    mlir.register_lowering(_ffi_call_p, _ffi_call_lowering, platform=_platform)
+
+
+def ffi_call(target: str, results, *operands, **attrs) -> list[jax.Array]:
+    """Calls the FFI ``target`` on ``operands``; ``results`` are ShapeDtypeStructs."""
+    frozen_results = tuple((tuple(r.shape), np.dtype(r.dtype)) for r in results)
+    return _ffi_call_p.bind(
+        *operands, target=target, results=frozen_results, attrs=_freeze(dict(attrs))
+    )

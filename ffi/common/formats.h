@@ -1,0 +1,248 @@
+// float32 <-> FP8 / FP4 codes (SPEC.md sections 3-4), one definition for host and device.
+//
+// Encoding (to_*): round to nearest, ties to even, saturating: |v| beyond the format's max,
+// +-inf included, gives +-max, i.e. the bits of ml_dtypes' cast of clip(v, -max, max). For |v| at
+// or above the format's smallest normal 2^emin, the float32 exponent is rebiased and the dropped
+// mantissa bits are rounded in integer arithmetic: (a - rebias + half - 1 + lsb) >> drop, where
+// lsb is the lowest kept bit (ties to even); a carry out of the mantissa bumps the exponent, which
+// is the correct rounding. Below 2^emin the format's step is the fixed quantum 2^(emin - mbits);
+// adding the power of two C whose float32 ulp is that quantum makes the FPU round |v| to a
+// multiple of it (ties to even), and bits(|v| + C) - bits(C) is the code (the count of quanta,
+// 2^mbits being the smallest normal). A float32 subnormal becomes 0 in every format here, so
+// denormals-are-zero does not change that result.
+// NaN: E4M3 -> 0x7f | sign, E5M2 -> 0x7e | sign (both as ml_dtypes and XLA give); E2M1 has no
+// NaN: NaN -> 0x8 (-0) whatever its sign, as XLA's convert gives (ml_dtypes gives 0x8 for +NaN but
+// 0x0 for -NaN; NVIDIA's cvt.rn.satfinite.e2m1x2 gives 0x7, +6).
+// Decoding (from_*) is exact; a NaN code gives the quiet NaN 0x7fc00000 | sign (as ml_dtypes).
+//
+// All of it is integer bit manipulation and branch-free selects (host_math.h's bits), so CPU loops
+// over contiguous arrays vectorise. On the device, sm_89+ (__CUDA_ARCH__ >= 890) converts to
+// E4M3/E5M2 with cvt.rn.satfinite (<cuda_fp8.h>), which is the same rounding and saturation; its
+// NaN code is patched to the host's so both give the same bits for every input. E2M1 has a
+// hardware conversion only on sm_100+ (family-specific targets): the portable code runs on sm_90.
+//
+// MXFP8 scales (E8M0): e8m0_exponent is ceil(log2(amax / q_max)) of the exact real quotient,
+// found from the bits: amax = (1 + fa) 2^ea, q = (1 + fq) 2^eq gives amax / q = r 2^(ea - eq) with
+// r = (1 + fa) / (1 + fq) in (1/2, 2), and ceil(log2 r) = 1 if fa > fq, else 0. Exact for every
+// amax (a subnormal one is normalised through an exact int -> float conversion, never by float
+// arithmetic on it, so FTZ/DAZ cannot change it) and every positive normal q_max.
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_math.h"
+#include "common/macros.h"
+
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>
+#endif
+
+namespace te_jax::fmt {
+
+namespace detail {
+
+namespace b = ::te_jax::math::host::bits;
+
+TE_HD bool is_nan(uint32_t u) { return (u & 0x7fffffffu) > 0x7f800000u; }
+
+TE_HD int select_int(bool c, int x, int y) {
+  return static_cast<int>(b::select(c, static_cast<uint32_t>(x), static_cast<uint32_t>(y)));
+}
+
+// 2^n as a normal float, n in [-126, 127].
+TE_HD float pow2(int n) { return b::to_float(static_cast<uint32_t>(n + 127) << 23); }
+
+// NaN codes, given the float's bits (the sign is kept where the format has signed NaNs).
+TE_HD uint32_t e4m3_nan(uint32_t u) { return 0x7fu | ((u >> 24) & 0x80u); }
+TE_HD uint32_t e5m2_nan(uint32_t u) { return 0x7eu | ((u >> 24) & 0x80u); }
+
+// Portable encoders (the host's, and the device's below sm_89). Per format: smallest normal
+// 2^emin, rebias 127 - bias, dropped bits 23 - mbits, quantum constant C, max code.
+TE_HD uint8_t to_e4m3(float v) {  // emin -6, bias 7, 3 mantissa bits, C = 2^14, max 0x7e = 448
+  const uint32_t u = b::of(v);
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t n = (a - (120u << 23) + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
+  const uint32_t normal = b::select(n > 0x7eu, 0x7eu, n);  // > 448 and inf saturate
+  const uint32_t sub = b::of(b::to_float(a) + 0x1p14f) - 0x46800000u;
+  const uint32_t r = b::select(a < 0x3c800000u, sub, normal) | ((u >> 24) & 0x80u);
+  return static_cast<uint8_t>(b::select(is_nan(u), e4m3_nan(u), r));
+}
+
+TE_HD uint8_t to_e5m2(float v) {  // emin -14, bias 15, 2 mantissa bits, C = 2^7, max 0x7b = 57344
+  const uint32_t u = b::of(v);
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t n = (a - (112u << 23) + 0xfffffu + ((a >> 21) & 1u)) >> 21;
+  const uint32_t normal = b::select(n > 0x7bu, 0x7bu, n);  // > 57344 and inf saturate
+  const uint32_t sub = b::of(b::to_float(a) + 0x1p7f) - 0x43000000u;
+  const uint32_t r = b::select(a < 0x38800000u, sub, normal) | ((u >> 24) & 0x80u);
+  return static_cast<uint8_t>(b::select(is_nan(u), e5m2_nan(u), r));
+}
+
+TE_HD uint8_t to_e2m1(float v) {  // emin 0, bias 1, 1 mantissa bit, C = 2^22, max 0x7 = 6
+  const uint32_t u = b::of(v);
+  const uint32_t a = u & 0x7fffffffu;
+  const uint32_t n = (a - (126u << 23) + 0x1fffffu + ((a >> 22) & 1u)) >> 22;
+  const uint32_t normal = b::select(n > 0x7u, 0x7u, n);  // > 6 and inf saturate
+  const uint32_t sub = b::of(b::to_float(a) + 0x1p22f) - 0x4a800000u;
+  const uint32_t r = b::select(a < 0x3f800000u, sub, normal) | ((u >> 28) & 0x8u);
+  return static_cast<uint8_t>(b::select(is_nan(u), 0x8u, r));
+}
+
+}  // namespace detail
+
+// ---- float32 -> code ------------------------------------------------------------------------
+
+TE_HD uint8_t to_e4m3(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint32_t hw = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  const uint32_t u = math::host::bits::of(v);
+  return static_cast<uint8_t>(math::host::bits::select(detail::is_nan(u), detail::e4m3_nan(u), hw));
+#else
+  return detail::to_e4m3(v);
+#endif
+}
+
+TE_HD uint8_t to_e5m2(float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint32_t hw = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+  const uint32_t u = math::host::bits::of(v);
+  return static_cast<uint8_t>(math::host::bits::select(detail::is_nan(u), detail::e5m2_nan(u), hw));
+#else
+  return detail::to_e5m2(v);
+#endif
+}
+
+// The code in the low nibble (bit 3 = sign), as ml_dtypes.float4_e2m1fn holds it.
+TE_HD uint8_t to_e2m1(float v) { return detail::to_e2m1(v); }
+
+// Two values at once, x in the low byte (memory order): one cvt instruction on sm_89+.
+TE_HD uint16_t to_e4m3x2(float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  namespace b = math::host::bits;
+  const uint32_t hw = __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t ux = b::of(x), uy = b::of(y);
+  const uint32_t lo = b::select(detail::is_nan(ux), detail::e4m3_nan(ux), hw & 0xffu);
+  const uint32_t hi = b::select(detail::is_nan(uy), detail::e4m3_nan(uy), hw >> 8);
+  return static_cast<uint16_t>(lo | (hi << 8));
+#else
+  return static_cast<uint16_t>(detail::to_e4m3(x) | (detail::to_e4m3(y) << 8));
+#endif
+}
+
+TE_HD uint16_t to_e5m2x2(float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  namespace b = math::host::bits;
+  const uint32_t hw = __nv_cvt_float2_to_fp8x2(make_float2(x, y), __NV_SATFINITE, __NV_E5M2);
+  const uint32_t ux = b::of(x), uy = b::of(y);
+  const uint32_t lo = b::select(detail::is_nan(ux), detail::e5m2_nan(ux), hw & 0xffu);
+  const uint32_t hi = b::select(detail::is_nan(uy), detail::e5m2_nan(uy), hw >> 8);
+  return static_cast<uint16_t>(lo | (hi << 8));
+#else
+  return static_cast<uint16_t>(detail::to_e5m2(x) | (detail::to_e5m2(y) << 8));
+#endif
+}
+
+// Two E2M1 codes in one byte, the first in the low nibble: the order in which
+// jax.lax.bitcast_convert_type(uint8 -> float4_e2m1fn) unpacks (0x21 -> [0.5, 1.0]).
+TE_HD uint8_t pack_e2m1(uint8_t lo, uint8_t hi) {
+  return static_cast<uint8_t>((lo & 0xfu) | ((hi & 0xfu) << 4));
+}
+
+TE_HD uint8_t to_e2m1x2(float x, float y) { return pack_e2m1(to_e2m1(x), to_e2m1(y)); }
+
+// ---- code -> float32 (exact) ------------------------------------------------------------------
+// Normal codes: the code's exponent and mantissa fields shift into place together, with the
+// exponent rebiased. Subnormal codes: m * quantum (an exact product of normal floats).
+
+TE_HD float from_e4m3(uint8_t c) {
+  namespace b = math::host::bits;
+  const uint32_t s = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t em = c & 0x7fu;
+  const uint32_t normal = s | ((em + (120u << 3)) << 20);
+  const uint32_t sub = s | b::of(static_cast<float>(static_cast<int32_t>(em)) * 0x1p-9f);
+  const uint32_t r = b::select(em < 0x08u, sub, normal);
+  return b::to_float(b::select(em == 0x7fu, s | 0x7fc00000u, r));
+}
+
+TE_HD float from_e5m2(uint8_t c) {
+  namespace b = math::host::bits;
+  const uint32_t s = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t em = c & 0x7fu;
+  const uint32_t normal = s | ((em + (112u << 2)) << 21);
+  const uint32_t sub = s | b::of(static_cast<float>(static_cast<int32_t>(em)) * 0x1p-16f);
+  const uint32_t special = s | b::select(em == 0x7cu, 0x7f800000u, 0x7fc00000u);  // inf, NaN
+  return b::to_float(b::select(em < 0x04u, sub, b::select(em >= 0x7cu, special, normal)));
+}
+
+TE_HD float from_e2m1(uint8_t c) {  // the low nibble; the high one is ignored
+  namespace b = math::host::bits;
+  const uint32_t s = static_cast<uint32_t>(c & 0x8u) << 28;
+  const uint32_t em = c & 0x7u;
+  const uint32_t normal = s | ((em + (126u << 1)) << 22);
+  const uint32_t sub = s | b::select(em == 1u, 0x3f000000u, 0u);  // 0.5 or 0
+  return b::to_float(b::select(em < 0x2u, sub, normal));
+}
+
+// ---- traits for templated kernels -----------------------------------------------------------
+
+struct E4M3 {
+  static constexpr float kMax = 448.0f;
+  TE_HD static uint8_t encode(float v) { return to_e4m3(v); }
+  TE_HD static float decode(uint8_t c) { return from_e4m3(c); }
+};
+
+struct E5M2 {
+  static constexpr float kMax = 57344.0f;
+  TE_HD static uint8_t encode(float v) { return to_e5m2(v); }
+  TE_HD static float decode(uint8_t c) { return from_e5m2(c); }
+};
+
+struct E2M1 {
+  static constexpr float kMax = 6.0f;
+  TE_HD static uint8_t encode(float v) { return to_e2m1(v); }
+  TE_HD static float decode(uint8_t c) { return from_e2m1(c); }
+};
+
+// ---- MXFP8 block scales ---------------------------------------------------------------------
+
+// e = ceil(log2(|amax| / q_max)) for the exact quotient (see the top of the file), clamped to
+// [-127, 127]: amax == 0 gives -127, amax == inf gives 127. NaN amax gives 128, so that
+// e + 127 is the E8M0 NaN code 0xFF. q_max must be a positive normal float.
+TE_HD int e8m0_exponent(float amax, float q_max) {
+  namespace b = math::host::bits;
+  const uint32_t a = b::of(amax) & 0x7fffffffu;
+  const uint32_t q = b::of(q_max);
+  // A subnormal (or zero) amax is m * 2^-149, m = its bits < 2^23: float(m) is exact and normal.
+  const bool sub = a < 0x00800000u;
+  const uint32_t an = b::select(sub, b::of(static_cast<float>(static_cast<int32_t>(a))), a);
+  const int ea = static_cast<int>(an >> 23) - detail::select_int(sub, 149, 0);
+  const int eq = static_cast<int>(q >> 23);
+  int e = ea - eq + static_cast<int>((an & 0x7fffffu) > (q & 0x7fffffu));
+  e = detail::select_int(e < -127, -127, detail::select_int(e > 127, 127, e));
+  return detail::select_int(a >= 0x7f800000u, detail::select_int(a > 0x7f800000u, 128, 127), e);
+}
+
+// The E8M0 code of the scale 2^e: e + 127 (0xFF for a NaN amax).
+TE_HD uint8_t e8m0_biased(float amax, float q_max) {
+  return static_cast<uint8_t>(e8m0_exponent(amax, q_max) + 127);
+}
+
+// y * 2^k, for k in [-252, 252] (every E8M0 exponent and its negation, with room). Two multiplies
+// by normal powers of two 2^floor(n/2), 2^ceil(n/2): the result is the correctly rounded y * 2^k
+// whenever that is normal, +-inf or 0, also under FTZ/DAZ. A subnormal y (which DAZ would read
+// as 0) goes in as the exact float(m) and 2^(k - 149) instead. Results below 2^-126 may be
+// flushed (FTZ) or off by a subnormal ulp (double rounding); every format here rounds them to 0.
+// NaN and inf propagate.
+TE_HD float mul_pow2(float y, int k) {
+  namespace b = math::host::bits;
+  const uint32_t u = b::of(y);
+  const bool sub = (u & 0x7f800000u) == 0u;  // zero or subnormal
+  const uint32_t m = b::of(static_cast<float>(static_cast<int32_t>(u & 0x7fffffu)));
+  const float base = b::select(sub, b::to_float(m | (u & 0x80000000u)), y);
+  int n = k - detail::select_int(sub, 149, 0);
+  n = detail::select_int(n < -252, -252, n);  // only reached by a subnormal y: the result is 0
+  const int n1 = n >> 1;                      // floor(n / 2) (arithmetic shift)
+  return base * detail::pow2(n1) * detail::pow2(n - n1);
+}
+
+}  // namespace te_jax::fmt

@@ -1,0 +1,69 @@
+"""Quantization: scaling modes, quantizers, ``ScaledTensor`` and the pure-JAX reference.
+
+``te_jax.quantize`` is both this package and a function::
+
+    from te_jax.quantize import MXFP8Quantizer, QuantizeLayout
+    q = te_jax.quantize(x, MXFP8Quantizer(jnp.float8_e4m3fn, QuantizeLayout.ROWWISE_COLWISE))
+    x_approx = q.dequantize()
+
+Calling the module quantizes ``x`` with the FFI kernel where there is one (``te_jax.quantize_op``)
+and the pure-JAX ``te_jax.quantize.reference`` otherwise; see ``docs/quantization.md``.
+
+Modules: ``modes`` (ScalingMode, QuantizeLayout), ``formats`` (the FP8/FP4 formats and the
+saturating cast), ``quantizers``, ``scaled_tensor``, ``layout`` (blocks, transposes, shapes,
+input checks), ``reference`` (the math), ``ieee`` (float32 arithmetic independent of the
+backend's denormal mode).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from te_jax.quantize import formats, ieee, layout, reference
+from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+from te_jax.quantize.quantizers import (
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    MXFP8Quantizer,
+    NVFP4Quantizer,
+    Quantizer,
+)
+from te_jax.quantize.scaled_tensor import ScaledTensor
+
+__all__ = [
+    "ScalingMode",
+    "QuantizeLayout",
+    "ScaledTensor",
+    "Quantizer",
+    "DelayedScaleQuantizer",
+    "CurrentScaleQuantizer",
+    "MXFP8Quantizer",
+    "NVFP4Quantizer",
+    "formats",
+    "ieee",
+    "layout",
+    "reference",
+]
+
+
+class _QuantizeModule(types.ModuleType):
+    """The ``te_jax.quantize`` package, callable as ``te_jax.quantize(x, quantizer)``."""
+
+    def __call__(self, x, quantizer, *, implementation: str | None = None) -> ScaledTensor:
+        """Quantizes ``x`` (see ``te_jax.quantize_op.quantize``); returns a ``ScaledTensor``."""
+        try:
+            from te_jax.quantize_op import quantize as _quantize
+        except ModuleNotFoundError as e:
+            # TODO(lead): remove this fallback once te_jax.quantize_op exists.
+            if e.name != "te_jax.quantize_op":
+                raise
+            if implementation not in (None, "xla"):
+                raise NotImplementedError(
+                    f"te_jax.quantize: implementation={implementation!r} needs te_jax.quantize_op"
+                ) from e
+            return reference.quantize(x, quantizer)
+        return _quantize(x, quantizer, implementation=implementation)
+
+
+sys.modules[__name__].__class__ = _QuantizeModule

@@ -1,0 +1,281 @@
+"""IEEE-754 float32 arithmetic that does not depend on the backend's denormal mode.
+
+XLA:CPU runs compiled code with denormals flushed: a subnormal float32 operand is read as zero
+(DAZ) and a subnormal result is written as zero (FTZ), in ``jit`` and eager alike. SPEC.md asks for
+float32 arithmetic, and the GPU kernels (and NumPy) keep subnormals, so the quantization reference
+cannot use plain ``*``, ``/``, ``==`` or ``max`` wherever a subnormal can occur: a tensor of tiny
+values (amax ~1e-38) gets a scale near float32 max, and ``1/scale``, ``y * scale`` and the MXFP8
+multiplier ``2^-127`` all touch the subnormal range.
+
+The helpers here work on the bit patterns with integer ops, which no denormal mode affects:
+
+* ``abs_max``, ``reduce_max``, ``is_zero`` and ``is_positive`` compare bits;
+* ``ldexp`` (``x · 2^k``) and ``div`` round into the subnormal range exactly (round to nearest,
+  ties to even), like IEEE hardware without flushing;
+* ``mul`` is exact except that a product below the normal range (< 2^-126) may be rounded twice:
+  every caller casts it to an FP8/FP4 format straight after, where it becomes a signed zero
+  either way.
+
+A float32 is ``±M · 2^(e-23)`` with an integer significand ``M`` in ``[2^23, 2^24)`` (subnormals
+are normalised by a count of leading zeros); ``split`` and ``_compose`` convert between the two.
+Native float ops are used only on normal operands with a normal result, where they are exact.
+
+Only float32 arrays are accepted; every function is elementwise (``abs_max`` reduces) and
+jittable.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = [
+    "bits",
+    "from_bits",
+    "split",
+    "abs_max",
+    "reduce_max",
+    "is_zero",
+    "is_positive",
+    "ldexp",
+    "mul",
+    "div",
+]
+
+_U32 = jnp.uint32
+_I32 = jnp.int32
+# Typed constants: a bare Python int above 2^31 does not convert to a JAX operand.
+_SIGN = np.uint32(0x80000000)
+_ABS = np.uint32(0x7FFFFFFF)
+_ABS_I = np.int32(0x7FFFFFFF)
+_INF_BITS = np.uint32(0x7F800000)
+_INF_BITS_I = np.int32(0x7F800000)
+_NAN_BITS = np.uint32(0x7FC00000)
+_FRAC = np.uint32(0x007FFFFF)
+_FRAC_I = np.int32(0x007FFFFF)
+_HIDDEN_I = np.int32(0x00800000)
+_ONE_BITS = np.uint32(0x3F800000)  # 1.0f: exponent field of a significand in [1, 2)
+_NEG_INF_KEY = np.int32(-0x7F800001)  # reduce_max's key of -inf
+
+
+def _f32(x) -> jax.Array:
+    x = jnp.asarray(x)
+    if x.dtype != jnp.float32:
+        raise TypeError(f"te_jax.quantize.ieee expects float32, got {x.dtype}")
+    return x
+
+
+def bits(x) -> jax.Array:
+    """The float32 bit pattern of ``x`` as uint32."""
+    return lax.bitcast_convert_type(_f32(x), _U32)
+
+
+def from_bits(u) -> jax.Array:
+    """The float32 whose bit pattern is the uint32 ``u``."""
+    return lax.bitcast_convert_type(jnp.asarray(u, _U32), jnp.float32)
+
+
+def _opaque_bits(x) -> jax.Array:
+    """``bits(x)`` behind an optimization barrier.
+
+    LLVM rewrites integer tests on a float's bits into float compares (``(bits & 0x7fffffff)
+    == 0`` becomes ``x == 0.0``) whenever the float itself is in view in the same kernel; it
+    assumes IEEE denormals, and XLA:CPU then runs the compare with denormals read as zero, so a
+    subnormal tests as zero. The barrier keeps the integer pattern in its own buffer, out of
+    view of the float that produced it; after it this module uses only integer ops on operands
+    that may be subnormal.
+    """
+    return lax.optimization_barrier(bits(x))
+
+
+class _Parts(NamedTuple):
+    """A float32 taken apart with integer ops: ``|x| = m · 2^(e-23)``."""
+
+    sign: jax.Array  # uint32: the sign bit in place
+    m: jax.Array  # int32 significand in [2^23, 2^24) for finite nonzero x (subnormals
+    #               normalised), 0 for ±0, garbage for inf/NaN
+    e: jax.Array  # int32 unbiased exponent
+    zero: jax.Array
+    inf: jax.Array
+    nan: jax.Array
+
+
+def _parts(x) -> _Parts:
+    u = _opaque_bits(x)
+    mag = u & _ABS
+    biased = (mag >> 23).astype(_I32)
+    frac = (u & _FRAC).astype(_I32)
+    sub = biased == 0
+    # A subnormal's leading one is at bit 31 - clz(frac); shifting by clz - 8 moves it to bit 23.
+    shift = jnp.where(sub, lax.clz(frac) - 8, 0)
+    m = jnp.where(sub, frac << shift, frac | _HIDDEN_I)
+    e = jnp.where(sub, -126 - shift, biased - 127)
+    return _Parts(u & _SIGN, m, e, mag == 0, mag == _INF_BITS, mag > _INF_BITS)
+
+
+def split(x) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(sign_bits, M, e)`` with ``|x| = M · 2^(e-23)``, ``M`` in ``[2^23, 2^24)``.
+
+    Exact for subnormals (normalised). ``M = 0`` for ±0; inf and NaN give garbage.
+    """
+    p = _parts(x)
+    return p.sign, p.m, p.e
+
+
+def abs_max(x, axis=None) -> jax.Array:
+    """``max |x|`` over ``axis`` (all axes by default), exact for subnormals; 0 when empty.
+
+    For non-negative floats the bit patterns order like the values, and a NaN's pattern exceeds
+    infinity's, so an integer max of ``bits & 0x7fffffff`` is the float max with NaN propagated.
+    """
+    mag = lax.bitcast_convert_type(_opaque_bits(x) & _ABS, _I32)
+    return lax.bitcast_convert_type(jnp.max(mag, axis=axis, initial=0), jnp.float32)
+
+
+def reduce_max(x, axis=None) -> jax.Array:
+    """``max x`` over ``axis``, exact for subnormals, NaN if any element is NaN; -inf when empty.
+
+    Maps each pattern to an int32 that orders like the value (negatives: magnitude bits
+    flipped), takes the integer max and maps back.
+    """
+    u = lax.bitcast_convert_type(_opaque_bits(x), _I32)
+    nan = jnp.any((u & _ABS_I) > _INF_BITS_I, axis=axis)
+    key = jnp.where(u < 0, u ^ _ABS_I, u)  # flipping the magnitude bits reverses the negatives
+    top = jnp.max(key, axis=axis, initial=_NEG_INF_KEY)
+    top = lax.bitcast_convert_type(jnp.where(top < 0, top ^ _ABS_I, top), _U32)
+    return from_bits(jnp.where(nan, _NAN_BITS, top))
+
+
+def is_zero(x) -> jax.Array:
+    """``x == ±0``, with a subnormal read as nonzero."""
+    return _parts(x).zero
+
+
+def is_positive(x) -> jax.Array:
+    """``x > 0`` (false for NaN), with a subnormal read as nonzero."""
+    p = _parts(x)
+    return (p.sign == 0) & ~p.zero & ~p.nan
+
+
+def _rne_shift(m, s):
+    """``round_half_even(m / 2^s)`` for int32 ``m >= 0`` and ``1 <= s <= 25``."""
+    q = m >> s
+    rem = m & ((1 << s) - 1)
+    half = 1 << (s - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    return q + up.astype(_I32)
+
+
+def _compose(sign, m, e):
+    """The float32 nearest ``±m · 2^(e-23)`` (``m`` in ``[2^23, 2^24)`` or 0), IEEE-rounded.
+
+    Above float32 max it is ±inf; below 2^-126 the significand is shifted into the subnormal
+    range with round-half-even (a carry into 2^-126 gives the right bits, as the subnormal
+    pattern of ``k · 2^-149`` is ``k`` itself for every ``k <= 2^24``).
+    """
+    normal = (((e + 127) << 23) | (m & _FRAC_I)).astype(_U32)
+    sub = _rne_shift(m, jnp.clip(-126 - e, 1, 25)).astype(_U32)
+    mag = jnp.where(e > 127, _INF_BITS, jnp.where(e >= -126, normal, sub))
+    mag = jnp.where(m == 0, _U32(0), mag)
+    return from_bits(sign | mag)
+
+
+def _significand(m):
+    """``m / 2^23`` as a float32 in ``[1, 2)`` (built from bits, so always normal)."""
+    return from_bits((m & _FRAC_I).astype(_U32) | _ONE_BITS)
+
+
+def _special(sign, nan, inf):
+    """NaN, signed infinity or signed zero: the results with a zero/inf/NaN operand."""
+    return from_bits(jnp.where(nan, _NAN_BITS, jnp.where(inf, sign | _INF_BITS, sign)))
+
+
+def ldexp(x, k) -> jax.Array:
+    """``x · 2^k`` rounded once (IEEE, subnormal results included); ``k`` an integer array.
+
+    Zeros, infinities and NaN pass through unchanged.
+    """
+    x = _f32(x)
+    p = _parts(x)
+    k = jnp.asarray(k, _I32)
+    # Clamp so the exponent sum cannot wrap; anything beyond ±300 is inf or 0 anyway.
+    out = _compose(p.sign, p.m, p.e + jnp.clip(k, -300, 300))
+    return jnp.where(p.zero | p.inf | p.nan, _special(p.sign, p.nan, p.inf), out)
+
+
+def mul(a, b) -> jax.Array:
+    """``a · b`` in float32, exact for normal results whatever the operands (subnormal
+    included); a result below 2^-126 keeps its sign but may be rounded twice (see module doc).
+    """
+    a, b = jnp.broadcast_arrays(_f32(a), _f32(b))
+    pa, pb = _parts(a), _parts(b)
+    sign = pa.sign ^ pb.sign
+    # Both significands in [1, 2): their product is normal and rounded once, in [1, 4).
+    pp = _parts(_significand(pa.m) * _significand(pb.m))
+    out = _compose(sign, pp.m, pp.e + pa.e + pb.e)
+    inf = pa.inf | pb.inf
+    nan = pa.nan | pb.nan | (pa.inf & pb.zero) | (pa.zero & pb.inf)
+    special = nan | inf | pa.zero | pb.zero
+    return jnp.where(special, _special(sign, nan, inf), out)
+
+
+def _mul_24x24(a, b):
+    """The exact product of int32 ``a, b < 2^24`` as ``(hi, lo)``: ``a·b = hi·2^24 + lo``,
+    ``0 <= lo < 2^24`` (12-bit limbs keep every partial product inside int32)."""
+    a1, a0 = a >> 12, a & 0xFFF
+    b1, b0 = b >> 12, b & 0xFFF
+    mid = a1 * b0 + a0 * b1  # < 2^25
+    low = a0 * b0 + ((mid & 0xFFF) << 12)  # < 2^25
+    return a1 * b1 + (mid >> 12) + (low >> 24), low & 0xFFFFFF
+
+
+def _shl_wide(m, s):
+    """``m · 2^s`` as ``(hi, lo)`` like ``_mul_24x24``, for int32 ``m < 2^24``, ``0 <= s <= 24``."""
+    lo = (m.astype(_U32) << s.astype(_U32)).astype(_I32) & 0xFFFFFF  # low 24 bits survive
+    return m >> (24 - s), lo
+
+
+def div(a, b) -> jax.Array:
+    """``a / b`` in float32, correctly rounded for every result, subnormal included.
+
+    The significands' quotient ``q = (ma/mb)`` in ``(0.5, 2)`` is a native division (normal
+    operands, rounded once). A normal result is ``q`` with the exponents added. A subnormal
+    result is ``n · 2^-149`` with ``n = rne(x)``, ``x = (ma/mb) · 2^sh < 2^23``: ``q · 2^sh``
+    rounds ``x`` to a grid of at most 1/2, so it picks ``n`` on its own except when it lands
+    exactly on a half-integer, where an exact integer comparison of ``ma · 2^(sh+1)`` with
+    ``(2n+1) · mb`` says which side ``x`` is on.
+    """
+    a, b = jnp.broadcast_arrays(_f32(a), _f32(b))
+    pa, pb = _parts(a), _parts(b)
+    ma, mb = pa.m, pb.m
+    sign = pa.sign ^ pb.sign
+    q = _significand(ma) / _significand(mb)  # in (0.5, 2), normal, rounded once
+    pq = _parts(q)
+    e = pq.e + pa.e - pb.e
+    normal = _compose(sign, pq.m, e)
+
+    # Subnormal results (e < -126): |a/b| = x · 2^-149, x = (ma/mb) · 2^sh, sh <= 23.
+    sh = pa.e - pb.e + 149
+    shc = jnp.clip(sh, -1, 23)  # sh <= -2 gives x < 1/2: n = 0
+    xf = _compose(_U32(0), pq.m, pq.e + shc)  # q · 2^sh, exact (normal, >= 1/4)
+    f = jnp.floor(xf)
+    frac = xf - f  # exact
+    fi = f.astype(_I32)
+    l_hi, l_lo = _shl_wide(ma, shc + 1)  # ma · 2^(sh+1)
+    r_hi, r_lo = _mul_24x24(2 * fi + 1, mb)  # (2f+1) · mb
+    above = (l_hi > r_hi) | ((l_hi == r_hi) & (l_lo > r_lo))
+    at = (l_hi == r_hi) & (l_lo == r_lo)
+    up_at_half = above | (at & ((fi & 1) == 1))  # ties to even
+    up = (frac > 0.5) | ((frac == 0.5) & up_at_half)
+    n = jnp.where(sh >= -1, fi + up.astype(_I32), 0)
+    tiny = from_bits(sign | n.astype(_U32))
+    out = jnp.where(e < -126, tiny, normal)
+
+    nan = pa.nan | pb.nan | (pa.zero & pb.zero) | (pa.inf & pb.inf)
+    inf = pa.inf | pb.zero  # x/0 and inf/x; the NaN cases are taken first
+    special = nan | pa.inf | pb.inf | pa.zero | pb.zero
+    return jnp.where(special, _special(sign, nan, inf), out)

@@ -1,0 +1,210 @@
+"""Where the blocks and the transpose fall, the output shapes, and input validation.
+
+A tensor of shape ``leading + features`` is viewed as the flattened 2-D ``[M, N]`` (SPEC.md §5),
+``M = prod(leading)``, ``N = prod(features)``; ``features`` is the last ``n_feature_axes`` axes:
+1 for ``act_lu`` outputs and plain tensors, 2 for a gated ``dact`` output ``(..., 2, H)``.
+
+* Tensor scaling, colwise: the transpose ``[N, M]``, stored as ``features + leading`` (``(B, T, H)``
+  -> ``(H, B, T)``; ``(B, T, 2, H)`` with 2 feature axes -> ``(2, H, B, T)``).
+* Block scaling, rowwise: blocks along the last axis, which must be divisible by the block size.
+* Block scaling, colwise: blocks of consecutive rows of ``[M, N]``. te_jax keeps the rank of the
+  scales, so the blocks run along the innermost leading axis, which must be divisible by the
+  block size (then every block is a run of consecutive flattened rows). Data keeps its shape.
+
+Scale shapes (rank kept, unpadded): rowwise ``shape[:-1] + (shape[-1] // block,)``; colwise
+``leading[:-1] + (leading[-1] // block,) + features``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from te_jax.quantize import formats
+from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+from te_jax.quantize.quantizers import Quantizer
+
+__all__ = [
+    "block_axis",
+    "colwise_perm",
+    "block_scale_shape",
+    "split_blocks",
+    "scale_shapes",
+    "check_geometry",
+    "check_quantize_input",
+]
+
+Shape = tuple[int, ...]
+
+
+def block_axis(ndim: int, n_feature_axes: int, colwise: bool) -> int:
+    """The axis the blocks run along: the last one (rowwise) or the innermost leading one."""
+    return ndim - n_feature_axes - 1 if colwise else ndim - 1
+
+
+def colwise_perm(ndim: int, n_feature_axes: int) -> tuple[int, ...]:
+    """The ``transpose`` permutation from ``leading + features`` to ``features + leading``."""
+    n_lead = ndim - n_feature_axes
+    return tuple(range(n_lead, ndim)) + tuple(range(n_lead))
+
+
+def block_scale_shape(shape: Shape, axis: int, block: int) -> Shape:
+    """``shape`` with ``axis`` divided by ``block``: one scale per block."""
+    shape = tuple(shape)
+    return shape[:axis] + (shape[axis] // block,) + shape[axis + 1 :]
+
+
+def split_blocks(x: jax.Array, axis: int, block: int) -> jax.Array:
+    """``x`` with ``axis`` split into ``(size // block, block)``: the block is axis ``axis + 1``."""
+    s = x.shape
+    return x.reshape(s[:axis] + (s[axis] // block, block) + s[axis + 1 :])
+
+
+def _where(op_name: str) -> str:
+    """The op's public name for messages: ``quantize`` and ``te_jax.quantize`` both work."""
+    return op_name if op_name.startswith("te_jax.") else f"te_jax.{op_name}"
+
+
+def _sds(shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+
+
+def scale_shapes(
+    shape: Shape,
+    scaling_mode: ScalingMode,
+    q_layout: QuantizeLayout,
+    n_feature_axes: int = 1,
+    q_dtype=None,
+) -> dict[str, jax.ShapeDtypeStruct | None]:
+    """Shapes and dtypes of every ``ScaledTensor`` field for an input of ``shape``.
+
+    Returns a dict with keys ``data``, ``scale_inv``, ``colwise_data``, ``colwise_scale_inv``,
+    ``amax``, ``global_scale_inv``: a ``jax.ShapeDtypeStruct``, or ``None`` for a field not
+    produced. ``q_dtype`` defaults to the mode's default (E4M3, or E2M1 for NVFP4).
+
+    | mode    | scale_inv / colwise_scale_inv                  | amax    | global_scale_inv |
+    |---------|------------------------------------------------|---------|------------------|
+    | delayed, current | float32 ``()``, one shared scale (both fields) | f32 () | None     |
+    | MXFP8   | float8_e8m0fnu, block shapes (module doc)      | None    | None             |
+    | NVFP4   | float8_e4m3fn, block shapes                    | f32 ()  | f32 ()           |
+
+    Tensor scaling has ``scale_inv`` even when only colwise data is produced (the scale is
+    shared); block scaling has ``scale_inv`` only with rowwise data.
+
+    Raises:
+      ValueError: as ``check_geometry``.
+    """
+    mode = ScalingMode(scaling_mode)
+    layout = QuantizeLayout(q_layout)
+    shape = tuple(int(d) for d in shape)
+    if mode is ScalingMode.NO_SCALING:
+        raise ValueError("scale_shapes: NO_SCALING produces no quantized tensor")
+    check_geometry(shape, mode, layout, n_feature_axes, "scale_shapes")
+    q_dtype = formats.DEFAULT_Q_DTYPE[mode] if q_dtype is None else q_dtype
+    q_dtype = formats.normalize_q_dtype(q_dtype, mode)
+    ndim = len(shape)
+    f32 = np.dtype(np.float32)
+    out: dict[str, jax.ShapeDtypeStruct | None] = dict.fromkeys(
+        ("data", "scale_inv", "colwise_data", "colwise_scale_inv", "amax", "global_scale_inv")
+    )
+    if layout.has_rowwise:
+        out["data"] = _sds(shape, q_dtype)
+    if mode.is_tensor_scaling:
+        out["scale_inv"] = _sds((), f32)
+        out["amax"] = _sds((), f32)
+        if layout.has_colwise:
+            perm = colwise_perm(ndim, n_feature_axes)
+            out["colwise_data"] = _sds(tuple(shape[i] for i in perm), q_dtype)
+            out["colwise_scale_inv"] = _sds((), f32)
+        return out
+    block = mode.block_size
+    scale_dtype = formats.E8M0 if mode is ScalingMode.MXFP8_1D_SCALING else formats.E4M3
+    if layout.has_rowwise:
+        axis = block_axis(ndim, n_feature_axes, colwise=False)
+        out["scale_inv"] = _sds(block_scale_shape(shape, axis, block), scale_dtype)
+    if layout.has_colwise:
+        axis = block_axis(ndim, n_feature_axes, colwise=True)
+        out["colwise_data"] = _sds(shape, q_dtype)
+        out["colwise_scale_inv"] = _sds(block_scale_shape(shape, axis, block), scale_dtype)
+    if mode is ScalingMode.NVFP4_1D_SCALING:
+        out["amax"] = _sds((), f32)
+        out["global_scale_inv"] = _sds((), f32)
+    return out
+
+
+def check_geometry(
+    shape: Shape,
+    scaling_mode: ScalingMode,
+    q_layout: QuantizeLayout,
+    n_feature_axes: int,
+    op_name: str = "quantize",
+) -> None:
+    """Checks ``n_feature_axes`` and the block divisibility rules (module doc) for ``shape``.
+
+    Raises:
+      ValueError: naming the axis, its size and the block size (or what else is wrong).
+    """
+    shape = tuple(shape)
+    ndim = len(shape)
+    where = _where(op_name)
+    if (
+        isinstance(n_feature_axes, bool)
+        or not isinstance(n_feature_axes, (int, np.integer))
+        or not 1 <= n_feature_axes <= max(ndim, 1)
+    ):
+        raise ValueError(
+            f"{where}: n_feature_axes must be an int from 1 to the input's rank {ndim}, got "
+            f"{n_feature_axes!r}"
+        )
+    if ndim == 0:
+        raise ValueError(f"{where}: cannot quantize a scalar; the input needs a feature axis")
+    if not scaling_mode.is_block_scaling:
+        return
+    block = scaling_mode.block_size
+    mode = scaling_mode.name
+    if q_layout.has_rowwise and shape[-1] % block:
+        raise ValueError(
+            f"{where}: {mode} rowwise quantization needs the last axis (axis {ndim - 1}, size "
+            f"{shape[-1]}) divisible by the block size {block}; got shape {shape}"
+        )
+    if q_layout.has_colwise:
+        if ndim == n_feature_axes:
+            raise ValueError(
+                f"{where}: {mode} colwise quantization blocks {block} consecutive rows, so it "
+                f"needs a leading (row) axis before the {n_feature_axes} feature axis(es); got "
+                f"shape {shape}"
+            )
+        axis = block_axis(ndim, n_feature_axes, colwise=True)
+        if shape[axis] % block:
+            raise ValueError(
+                f"{where}: {mode} colwise quantization needs the innermost leading axis (axis "
+                f"{axis}, size {shape[axis]}) divisible by the block size {block} (scales keep "
+                f"the tensor's rank, so a block must not straddle that axis); got shape {shape} "
+                f"with {n_feature_axes} feature axis(es)"
+            )
+
+
+def check_quantize_input(
+    shape: Shape, dtype, quantizer, n_feature_axes: int = 1, op_name: str = "quantize"
+) -> None:
+    """Trace-time validation of a quantize input, shared by the reference and the FFI path.
+
+    Raises:
+      TypeError: ``quantizer`` is not a te_jax quantizer, or ``dtype`` is not floating point
+        (float64 is accepted here; the FFI path may reject it itself).
+      ValueError: as ``check_geometry``.
+    """
+    where = _where(op_name)
+    if not isinstance(quantizer, Quantizer):
+        raise TypeError(
+            f"{where}: quantizer must be a te_jax.quantize quantizer (DelayedScaleQuantizer, "
+            f"CurrentScaleQuantizer, MXFP8Quantizer or NVFP4Quantizer), got "
+            f"{type(quantizer).__name__}"
+        )
+    dt = np.dtype(dtype)
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError(
+            f"{where}: the input must be floating point (float32, bfloat16 or float16), got {dt}"
+        )
+    check_geometry(shape, quantizer.scaling_mode, quantizer.q_layout, n_feature_axes, op_name)

@@ -1,0 +1,279 @@
+"""Quantizers: what to quantize to, and (for delayed scaling) the state that picks the scale.
+
+Every quantizer is an immutable JAX pytree. Its configuration (``q_dtype``, ``q_layout``, and for
+delayed scaling ``margin`` and ``amax_compute_algo``) is static auxiliary data, hashable and
+compared by value; its arrays (delayed scaling's ``scale`` and ``amax_history``) are leaves. So a
+quantizer passes through ``jit``, ``vmap`` (a stack of delayed quantizers has ``scale`` ``(B,)``
+and ``amax_history`` ``(B, L)``), a ``lax.scan`` carry and ``custom_vjp`` (as a residual, or as a
+differentiable argument whose "cotangent" is the updated quantizer), and state updates are
+functional: ``DelayedScaleQuantizer.update`` returns a new quantizer.
+
+| quantizer               | scaling mode             | q_dtype (default first)         |
+|-------------------------|--------------------------|---------------------------------|
+| DelayedScaleQuantizer   | DELAYED_TENSOR_SCALING   | float8_e4m3fn, float8_e5m2      |
+| CurrentScaleQuantizer   | CURRENT_TENSOR_SCALING   | float8_e4m3fn, float8_e5m2      |
+| MXFP8Quantizer          | MXFP8_1D_SCALING         | float8_e4m3fn, float8_e5m2      |
+| NVFP4Quantizer          | NVFP4_1D_SCALING         | float4_e2m1fn                   |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from te_jax.quantize import formats, ieee
+from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+
+__all__ = [
+    "Quantizer",
+    "DelayedScaleQuantizer",
+    "CurrentScaleQuantizer",
+    "MXFP8Quantizer",
+    "NVFP4Quantizer",
+    "AMAX_COMPUTE_ALGOS",
+]
+
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+
+
+def _normalize_layout(q_layout) -> QuantizeLayout:
+    if isinstance(q_layout, str):
+        found = QuantizeLayout.__members__.get(q_layout.upper())
+        if found is not None:
+            return found
+    elif isinstance(q_layout, (int, np.integer)) and not isinstance(q_layout, bool):
+        try:
+            return QuantizeLayout(int(q_layout))
+        except ValueError:
+            pass
+    raise ValueError(
+        f"q_layout={q_layout!r} is not a quantize layout; allowed: "
+        + ", ".join(f"QuantizeLayout.{m.name}" for m in QuantizeLayout)
+    )
+
+
+class Quantizer:
+    """Base class: ``q_dtype`` (an ``np.dtype``), ``q_layout`` and the class's ``scaling_mode``.
+
+    Subclasses are frozen dataclasses; ``_leaf_fields`` names their array fields (pytree leaves),
+    every other field is static. Unflattening bypasses ``__init__``, so the leaves may be any
+    objects JAX puts there (tracers, batching specs, ``None``).
+    """
+
+    scaling_mode: ClassVar[ScalingMode]
+    _leaf_fields: ClassVar[tuple[str, ...]] = ()
+
+    q_dtype: np.dtype
+    q_layout: QuantizeLayout
+
+    def _normalize_config(self) -> None:
+        object.__setattr__(
+            self, "q_dtype", formats.normalize_q_dtype(self.q_dtype, self.scaling_mode)
+        )
+        object.__setattr__(self, "q_layout", _normalize_layout(self.q_layout))
+
+    @property
+    def q_max(self) -> float:
+        """The largest finite value ``Q`` of ``q_dtype`` (448, 57344 or 6)."""
+        return formats.q_max(self.q_dtype)
+
+    @classmethod
+    def _static_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls._leaf_fields)
+
+    def _flatten_with_keys(self):
+        children = tuple(
+            (jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in self._leaf_fields
+        )
+        return children, tuple(getattr(self, name) for name in self._static_fields())
+
+    def _flatten(self):
+        children = tuple(getattr(self, name) for name in self._leaf_fields)
+        return children, tuple(getattr(self, name) for name in self._static_fields())
+
+    @classmethod
+    def _unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        for name, value in zip(cls._static_fields(), aux, strict=True):
+            object.__setattr__(obj, name, value)
+        for name, value in zip(cls._leaf_fields, children, strict=True):
+            object.__setattr__(obj, name, value)
+        return obj
+
+
+def _register(cls):
+    """Registers a quantizer dataclass as a pytree (after the dataclass decorator has run)."""
+    jax.tree_util.register_pytree_with_keys(
+        cls, cls._flatten_with_keys, cls._unflatten, flatten_func=cls._flatten
+    )
+    return cls
+
+
+@_register
+@dataclasses.dataclass(frozen=True)
+class CurrentScaleQuantizer(Quantizer):
+    """Current tensor scaling: the scale comes from this tensor's own amax (SPEC.md §4).
+
+    ``scale = Q / max|y|`` (1 when the amax is 0, float32 max when the quotient overflows);
+    ``q = sat(y · scale)``; ``scale_inv = 1 / scale``. Two passes over the data (amax, then
+    quantize); no state.
+    """
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.CURRENT_TENSOR_SCALING
+
+    q_dtype: Any = formats.E4M3
+    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
+
+    def __post_init__(self):
+        self._normalize_config()
+
+
+@_register
+@dataclasses.dataclass(frozen=True)
+class MXFP8Quantizer(Quantizer):
+    """MXFP8 block scaling: an E8M0 power-of-two scale per 32 elements (SPEC.md §4).
+
+    Rowwise blocks run along the last axis, colwise blocks down the rows (32 consecutive rows
+    of the flattened 2-D tensor). ``scale_inv = 2^e`` with ``e = ceil(log2(amax_block / Q))``;
+    ``q = sat(y · 2^-e)``. No state.
+    """
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.MXFP8_1D_SCALING
+
+    q_dtype: Any = formats.E4M3
+    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
+
+    def __post_init__(self):
+        self._normalize_config()
+
+
+@_register
+@dataclasses.dataclass(frozen=True)
+class NVFP4Quantizer(Quantizer):
+    """NVFP4: E2M1 data, an E4M3 scale per 16 elements and a float32 global scale (SPEC.md §4).
+
+    ``S = 6·448 / max|y|``; ``block_scale = e4m3((amax_block / 6) · S)``;
+    ``q = e2m1((y · S) / block_scale)``; ``y ≈ q · block_scale / S``. No state.
+    """
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.NVFP4_1D_SCALING
+
+    q_dtype: Any = formats.E2M1
+    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
+
+    def __post_init__(self):
+        self._normalize_config()
+
+
+@_register
+@dataclasses.dataclass(frozen=True, eq=False)
+class DelayedScaleQuantizer(Quantizer):
+    """Delayed tensor scaling: the scale comes from the amaxes of past steps (SPEC.md §4).
+
+    State (pytree leaves): ``scale``, float32 ``()``, and ``amax_history``, float32 ``(L,)``.
+    Quantizing uses ``scale`` as it is (``q = sat(y · scale)``, ``scale_inv = 1 / scale``) and
+    reports the tensor's ``amax``; ``update(amax)`` then computes the next step's quantizer.
+
+    Build one with ``DelayedScaleQuantizer.create(...)``. The constructor takes the same static
+    fields plus ``scale`` and ``amax_history`` arrays (defaults: 1 and 1024 zeros).
+
+    Equality and hashing are by identity (the state is arrays); the static configuration is
+    what JAX compares when it matches pytree structures.
+    """
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.DELAYED_TENSOR_SCALING
+    _leaf_fields: ClassVar[tuple[str, ...]] = ("scale", "amax_history")
+
+    q_dtype: Any = formats.E4M3
+    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
+    margin: int = 0
+    amax_compute_algo: str = "max"
+    scale: Any = None
+    amax_history: Any = None
+
+    def __post_init__(self):
+        self._normalize_config()
+        margin = self.margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, np.integer)) or margin < 0:
+            raise ValueError(f"margin must be a non-negative int, got {margin!r}")
+        object.__setattr__(self, "margin", int(margin))
+        if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+            raise ValueError(
+                f"amax_compute_algo={self.amax_compute_algo!r} is not supported; allowed: "
+                + ", ".join(repr(a) for a in AMAX_COMPUTE_ALGOS)
+            )
+        scale = jnp.ones((), jnp.float32) if self.scale is None else self.scale
+        history = jnp.zeros((1024,), jnp.float32) if self.amax_history is None else self.amax_history
+        object.__setattr__(self, "scale", jnp.asarray(scale, jnp.float32))
+        object.__setattr__(self, "amax_history", jnp.asarray(history, jnp.float32))
+
+    @classmethod
+    def create(
+        cls,
+        q_dtype=formats.E4M3,
+        amax_history_len: int = 1024,
+        margin: int = 0,
+        q_layout: QuantizeLayout = QuantizeLayout.ROWWISE,
+        amax_compute_algo: str = "max",
+    ) -> DelayedScaleQuantizer:
+        """A fresh quantizer: ``scale = 1``, ``amax_history`` of ``amax_history_len`` zeros."""
+        if (
+            isinstance(amax_history_len, bool)
+            or not isinstance(amax_history_len, (int, np.integer))
+            or amax_history_len < 1
+        ):
+            raise ValueError(f"amax_history_len must be an int >= 1, got {amax_history_len!r}")
+        return cls(
+            q_dtype=q_dtype,
+            q_layout=q_layout,
+            margin=margin,
+            amax_compute_algo=amax_compute_algo,
+            scale=jnp.ones((), jnp.float32),
+            amax_history=jnp.zeros((int(amax_history_len),), jnp.float32),
+        )
+
+    @property
+    def amax_history_len(self) -> int:
+        """``L``, the length of the history (the last axis of ``amax_history``)."""
+        return self.amax_history.shape[-1]
+
+    def update(self, amax) -> DelayedScaleQuantizer:
+        """The quantizer for the next step, given the amax this step measured (SPEC.md §4).
+
+        With ``h = amax_history`` and ``Q = q_max``::
+
+            h[0] = amax
+            a = max(h)              # or h[0] with amax_compute_algo="most_recent"
+            scale = (Q / a) / 2^margin, unless a <= 0 or a is not finite (then unchanged)
+            h = roll(h, -1); h[0] = 0
+
+        so after the update the newest amax sits in the last slot and slot 0 is free for the
+        next one. Float32 arithmetic, exact whatever the backend's denormal mode. Jittable;
+        under ``vmap`` over a stack of quantizers each gets its own amax.
+
+        Args:
+          amax: float32 ``()`` or ``(1,)``, e.g. ``ScaledTensor.amax`` (max-reduced over the
+            mesh axes the tensor is sharded on).
+        """
+        amax = jnp.asarray(amax, jnp.float32)
+        if amax.shape not in ((), (1,)):
+            raise ValueError(
+                f"DelayedScaleQuantizer.update: amax must have shape () or (1,), got {amax.shape}"
+            )
+        hist = jnp.asarray(self.amax_history, jnp.float32)
+        if hist.ndim != 1:
+            raise ValueError(
+                "DelayedScaleQuantizer.update: amax_history must have shape (L,), got "
+                f"{hist.shape} (update a stack of quantizers under jax.vmap)"
+            )
+        hist = hist.at[0].set(amax.reshape(()))
+        a = hist[0] if self.amax_compute_algo == "most_recent" else ieee.reduce_max(hist)
+        new_scale = ieee.ldexp(ieee.div(jnp.float32(self.q_max), a), -self.margin)
+        keep = ~(ieee.is_positive(a) & jnp.isfinite(a))
+        scale = jnp.where(keep, self.scale, new_scale).astype(jnp.float32)
+        hist = jnp.roll(hist, -1).at[0].set(0.0)
+        return self._unflatten(self._flatten()[1], (scale, hist))

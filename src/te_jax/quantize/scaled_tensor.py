@@ -1,0 +1,181 @@
+"""``ScaledTensor``: quantized data with the scales that dequantize it (SPEC.md §4, §5).
+
+``dequantized = data · scale_inv``, the scale broadcast over its tensor or block:
+
+| mode          | data (dtype)          | scale_inv                     | also            |
+|---------------|-----------------------|-------------------------------|-----------------|
+| delayed       | E4M3/E5M2, y's shape  | float32 ``()``                | ``amax``        |
+| current       | E4M3/E5M2, y's shape  | float32 ``()``                | ``amax``        |
+| MXFP8         | E4M3/E5M2, y's shape  | E8M0, one per 32 (layout.py)  |                 |
+| NVFP4         | E2M1, y's shape       | E4M3, one per 16              | ``amax``, ``global_scale_inv`` (NVFP4 dequantizes to ``q · scale_inv · global_scale_inv``) |
+
+Colwise copies (``colwise_data``, ``colwise_scale_inv``): for tensor scaling the transpose of the
+flattened 2-D tensor, ``features + leading``, with the same scale; for block scaling the rowwise
+shape with blocks running down the rows and their own scales. A field that is not produced is
+``None``: ``data`` and (block scaling) ``scale_inv`` without a rowwise layout, ``colwise_data``
+and ``colwise_scale_inv`` without a colwise one.
+
+A ``ScaledTensor`` is a pytree: the arrays are leaves; ``scaling_mode``, ``q_layout``,
+``dq_dtype`` and ``n_feature_axes`` are static. Under ``vmap`` the leaves simply gain the batch
+axis, so dequantize a batched tensor under ``vmap`` too (outside it, the per-example scales of
+tensor scaling would not broadcast against the data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from te_jax.quantize import ieee, layout
+from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+
+__all__ = ["ScaledTensor"]
+
+_LEAVES = ("data", "scale_inv", "colwise_data", "colwise_scale_inv", "amax", "global_scale_inv")
+_STATIC = ("scaling_mode", "q_layout", "dq_dtype", "n_feature_axes")
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class ScaledTensor:
+    """A quantized tensor (see the module doc for what each field holds in each mode).
+
+    Attributes:
+      data: rowwise quantized data, the logical shape; ``None`` for a colwise-only layout.
+      scale_inv: its dequantization scale(s); for tensor scaling the one shared float32 scale.
+      colwise_data: the colwise copy, or ``None``.
+      colwise_scale_inv: its scale(s), or ``None``. Tensor scaling: the same float32 scale as
+        ``scale_inv``, filled in from it when not given.
+      amax: float32 ``()``: the amax the op measured or was given (tensor scaling, NVFP4).
+      global_scale_inv: float32 ``()``: ``1/S`` (NVFP4 only).
+      scaling_mode, q_layout: how it was quantized.
+      dq_dtype: the dtype ``dequantize`` returns (the input's dtype).
+      n_feature_axes: trailing axes folded into N for the colwise transpose (1, or 2 for gated
+        ``dact`` outputs ``(..., 2, H)``).
+    """
+
+    data: Any = None
+    scale_inv: Any = None
+    colwise_data: Any = None
+    colwise_scale_inv: Any = None
+    amax: Any = None
+    global_scale_inv: Any = None
+    scaling_mode: ScalingMode
+    q_layout: QuantizeLayout
+    dq_dtype: Any
+    n_feature_axes: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "scaling_mode", ScalingMode(self.scaling_mode))
+        object.__setattr__(self, "q_layout", QuantizeLayout(self.q_layout))
+        object.__setattr__(self, "dq_dtype", np.dtype(self.dq_dtype))
+        object.__setattr__(self, "n_feature_axes", int(self.n_feature_axes))
+        # Catch wiring mistakes where the tensor is built (not on unflatten, which bypasses
+        # __init__ and may carry placeholders instead of arrays).
+        lay, mode = self.q_layout, self.scaling_mode
+        if mode.is_tensor_scaling and lay.has_colwise and self.colwise_scale_inv is None:
+            # One scale serves both copies; fill the colwise field so consumers need no case.
+            object.__setattr__(self, "colwise_scale_inv", self.scale_inv)
+        if mode is ScalingMode.NO_SCALING:
+            raise ValueError("ScaledTensor: NO_SCALING output is a plain array, not a ScaledTensor")
+        for name, want in (
+            ("data", lay.has_rowwise),
+            ("colwise_data", lay.has_colwise),
+            ("colwise_scale_inv", lay.has_colwise),
+            ("scale_inv", lay.has_rowwise or mode.is_tensor_scaling),
+            ("global_scale_inv", mode is ScalingMode.NVFP4_1D_SCALING),
+        ):
+            if (getattr(self, name) is not None) != want:
+                raise ValueError(
+                    f"ScaledTensor({mode.name}, {lay.name}): {name} must be "
+                    + ("given" if want else "None")
+                )
+
+    # --- shape --------------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical (dequantized) shape, read off the data leaves."""
+        if self.data is not None:
+            return tuple(self.data.shape)
+        s = tuple(self.colwise_data.shape)
+        if self.scaling_mode.is_tensor_scaling:  # features + leading -> leading + features
+            return s[self.n_feature_axes :] + s[: self.n_feature_axes]
+        return s
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def q_dtype(self) -> np.dtype:
+        """The quantized data's dtype (E4M3, E5M2 or E2M1)."""
+        d = self.data if self.data is not None else self.colwise_data
+        return np.dtype(d.dtype)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Same as ``q_dtype``: the dtype of what is stored (``dq_dtype`` is what it stands for)."""
+        return self.q_dtype
+
+    # --- dequantize ---------------------------------------------------------------------------
+
+    def dequantize(self) -> jax.Array:
+        """The tensor in ``dq_dtype`` with the logical shape: ``data · scale_inv`` (NVFP4:
+        ``q · block_scale · global_scale_inv``), float32 arithmetic rounded once to
+        ``dq_dtype``.
+
+        Uses the rowwise data when present, the colwise copy otherwise (transposed back for
+        tensor scaling). Under ``vmap`` for a batched tensor.
+        """
+        colwise = self.data is None
+        q = self.colwise_data if colwise else self.data
+        s = self.colwise_scale_inv if colwise else self.scale_inv
+        v = q.astype(jnp.float32)
+        mode = self.scaling_mode
+        if mode.is_tensor_scaling:
+            v = ieee.mul(v, jnp.asarray(s, jnp.float32).reshape(()))
+            if colwise:
+                perm = layout.colwise_perm(v.ndim, self.n_feature_axes)
+                v = jnp.transpose(v, np.argsort(perm))
+            return v.astype(self.dq_dtype)
+        axis = layout.block_axis(v.ndim, self.n_feature_axes, colwise)
+        blocks = layout.split_blocks(v, axis, mode.block_size)
+        if mode is ScalingMode.MXFP8_1D_SCALING:
+            # 2^e from the E8M0 bits, applied exactly (2^-127 is subnormal in float32).
+            e = lax.bitcast_convert_type(s, jnp.uint8).astype(jnp.int32) - 127
+            out = ieee.ldexp(blocks, jnp.expand_dims(e, axis + 1))
+            out = jnp.where(jnp.expand_dims(e == 128, axis + 1), jnp.float32(jnp.nan), out)
+        else:
+            bs = jnp.expand_dims(s.astype(jnp.float32), axis + 1)
+            out = ieee.mul(ieee.mul(blocks, bs), jnp.asarray(self.global_scale_inv, jnp.float32))
+        return out.reshape(v.shape).astype(self.dq_dtype)
+
+
+def _flatten(t: ScaledTensor):
+    return tuple(getattr(t, n) for n in _LEAVES), tuple(getattr(t, n) for n in _STATIC)
+
+
+def _flatten_with_keys(t: ScaledTensor):
+    return (
+        tuple((jax.tree_util.GetAttrKey(n), getattr(t, n)) for n in _LEAVES),
+        tuple(getattr(t, n) for n in _STATIC),
+    )
+
+
+def _unflatten(aux, children) -> ScaledTensor:
+    t = object.__new__(ScaledTensor)
+    for name, value in zip(_LEAVES, children, strict=True):
+        object.__setattr__(t, name, value)
+    for name, value in zip(_STATIC, aux, strict=True):
+        object.__setattr__(t, name, value)
+    return t
+
+
+jax.tree_util.register_pytree_with_keys(
+    ScaledTensor, _flatten_with_keys, _unflatten, flatten_func=_flatten
+)
