@@ -1,4 +1,4 @@
-"""Runs the sharded checks (tests/sharded/sharded_checks.py) on a CPU mesh of 8 devices, in
+"""Runs the sharded checks (tests/sharded/*_checks.py) on a CPU mesh of 8 devices, in
 their own process: the device count must be set before jax starts, and this process's jax has
 started already."""
 
@@ -10,11 +10,15 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
-CHECKS = TESTS / "sharded" / "sharded_checks.py"
+CHECK_FILES = ["sharded_checks.py", "quantized_sharded_checks.py"]
 
 
-def test_sharded_checks_pass_on_8_cpu_devices(tmp_path):
+@pytest.mark.parametrize("checks", CHECK_FILES)
+def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks):
+    checks_path = TESTS / "sharded" / checks
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -27,7 +31,7 @@ def test_sharded_checks_pass_on_8_cpu_devices(tmp_path):
         sys.executable,
         "-m",
         "pytest",
-        str(CHECKS),
+        str(checks_path),
         "-q",
         "-p",
         "no:cacheprovider",

@@ -437,15 +437,23 @@ def _sharding_rule(kind, act, params, cfg, is_dbias, batch_dims, mesh, operand_t
     kwargs = {}
     # Block scales have an axis `block` times shorter than the data's: the data's axis is the
     # compound factor (outer, block) and the scale's is the outer factor alone.
-    h = "h"
-    lead_x = list(lead)
-    if block:
-        if cfg.layout.has_rowwise:
+    h, h_scale = "h", "h"
+    lead_x, lead_scale = list(lead), list(lead)
+    # (A compound factor may not have an outer part of size 1: an axis of exactly one block
+    # gets a separate size-1 factor in the scale instead, and stays unsplit.)
+    shape = operand_types[-2].shape
+    if block and cfg.layout.has_rowwise:
+        if shape[-1] > cfg.block:
             h = "(h hb)"
             kwargs["hb"] = cfg.block
-        if cfg.layout.has_colwise and lead:
+        else:
+            h_scale = "hs"
+    if block and cfg.layout.has_colwise and lead:
+        if shape[rank - n_feat_x - 1] > cfg.block:
             lead_x[-1] = f"({lead[-1]} rb)"
             kwargs["rb"] = cfg.block
+        else:
+            lead_scale[-1] = "rs"
     k = ["k"] if gated else []
     x = " ".join(bat + lead_x + k + [h])
     scale = " ".join(bat + ["z"])
@@ -457,8 +465,8 @@ def _sharding_rule(kind, act, params, cfg, is_dbias, batch_dims, mesh, operand_t
     rule = {
         "data": y,
         "colwise_data": " ".join(bat + feat_y + lead_x) if tensor else y,
-        "scale_inv": per_batch if tensor else " ".join(bat + lead_x + feat_y[:-1] + ["h"]),
-        "colwise_scale_inv": " ".join(bat + lead + feat_y),
+        "scale_inv": per_batch if tensor else " ".join(bat + lead_x + feat_y[:-1] + [h_scale]),
+        "colwise_scale_inv": " ".join(bat + lead_scale + feat_y),
         "amax": per_batch,
         "global_scale_inv": per_batch,
         "dbias": " ".join(bat + feat_y),

@@ -167,17 +167,18 @@ def _mxfp8_direction(y32, q_dtype, axis):
     return q, scale_inv
 
 
-def _nvfp4_direction(y32, global_scale, axis):
-    """One direction of NVFP4: ``(data, block_scale)`` with blocks of 16 along ``axis``."""
-    blocks = split_blocks(y32, axis, 16)
-    amax_b = ieee.abs_max(blocks, axis=axis + 1)
+def _nvfp4_direction(y32, y_s, global_scale, axis):
+    """One direction of NVFP4: ``(data, block_scale)`` with blocks of 16 along ``axis``;
+    ``y_s`` is ``y · S``, shared by both directions."""
+    amax_b = ieee.abs_max(split_blocks(y32, axis, 16), axis=axis + 1)
     block_scale = formats.saturating_cast(
         ieee.mul(ieee.div(amax_b, jnp.float32(6.0)), global_scale), formats.E4M3
     )
     bs = jnp.expand_dims(block_scale.astype(jnp.float32), axis + 1)  # E4M3 values are normal
-    # ieee.div, not `/`: XLA:CPU's float32 division is not correctly rounded (it can be off
-    # by an ulp, e.g. 150.0 / 60.0 -> 2.5000002), which moves E2M1 ties (2.5 -> 3 instead of 2).
-    scaled = ieee.div(ieee.mul(blocks, global_scale), bs)
+    # A native division is exact here: bs is a normal float32 (or 0, masked below); an
+    # operand or result below 2^-126 is at most 2^-117 in magnitude and becomes a signed
+    # zero in E2M1 whether or not the backend flushes it.
+    scaled = split_blocks(y_s, axis, 16) / bs
     q = jnp.where(bs == 0, jnp.float32(0.0), scaled)
     return formats.saturating_cast(q, formats.E2M1).reshape(y32.shape), block_scale
 
@@ -190,7 +191,8 @@ def _block_scaled(y32, quantizer: Quantizer, amax_, n_feature_axes, dq_dtype):
     else:
         global_scale = nvfp4_global_scale(amax_)
         fields = {"amax": amax_, "global_scale_inv": ieee.div(jnp.float32(1.0), global_scale)}
-        direction = lambda axis: _nvfp4_direction(y32, global_scale, axis)
+        y_s = ieee.mul(y32, global_scale)
+        direction = lambda axis: _nvfp4_direction(y32, y_s, global_scale, axis)
     if lay.has_rowwise:
         fields["data"], fields["scale_inv"] = direction(block_axis(y32.ndim, n_feature_axes, False))
     if lay.has_colwise:

@@ -1,0 +1,154 @@
+"""Quantized te_jax ops on a CPU mesh of 8 devices (run by tests/test_sharding.py in its own
+process, like sharded_checks.py).
+
+Sharded results equal the unsharded ones bit for bit: current scaling and NVFP4 quantize every
+shard with the global amax (max-reduced across the mesh axes the tensor is split on), delayed
+scaling returns the global amax, MXFP8 / NVFP4 block scales stay sharded with their data, and the
+data is never all-gathered (the only collectives are the scalar amax max-reduction and the dbias
+sum).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import te_jax  # noqa: E402
+from helpers import te_jax_custom_calls  # noqa: E402
+from te_jax.quantize import (  # noqa: E402
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    MXFP8Quantizer,
+    NVFP4Quantizer,
+    QuantizeLayout,
+)
+
+if len(jax.devices()) < 8:
+    if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
+        raise RuntimeError(f"8 devices were asked for, jax has {jax.devices()}")
+    pytest.skip("needs 8 devices", allow_module_level=True)
+
+DEVICES = np.array(jax.devices()[:8])
+MESH_1D = Mesh(DEVICES, ("x",))
+MESH_2D = Mesh(DEVICES.reshape(4, 2), ("a", "b"))
+BOTH = QuantizeLayout.ROWWISE_COLWISE
+
+QUANTIZERS = {
+    "delayed": lambda: DelayedScaleQuantizer.create(q_layout=BOTH),
+    "current": lambda: CurrentScaleQuantizer(jnp.float8_e5m2, BOTH),
+    "mxfp8": lambda: MXFP8Quantizer(jnp.float8_e4m3fn, BOTH),
+    "nvfp4": lambda: NVFP4Quantizer(q_layout=BOTH),
+}
+FIELDS = ("data", "colwise_data", "scale_inv", "colwise_scale_inv", "amax", "global_scale_inv")
+
+
+def _bits(a):
+    a = np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 and a.dtype != np.uint8 else a
+
+
+def _assert_same(sharded, unsharded):
+    for f in FIELDS:
+        s, u = getattr(sharded, f), getattr(unsharded, f)
+        assert (s is None) == (u is None), f
+        if s is not None:
+            s = np.asarray(s.astype(jnp.float32)) if s.dtype == jnp.float4_e2m1fn else _bits(s)
+            u = np.asarray(u.astype(jnp.float32)) if u.dtype == jnp.float4_e2m1fn else _bits(u)
+            np.testing.assert_array_equal(s, u, err_msg=f)
+
+
+def _check_hlo(text, quantizer):
+    assert "all-gather" not in text, "a sharded input was all-gathered"
+    assert te_jax_custom_calls(text), "the te_jax kernel is not in the compiled module"
+    if isinstance(quantizer, MXFP8Quantizer):
+        assert "all-reduce" not in text, "MXFP8 needs no cross-shard reduction"
+
+
+def _run(fn, mesh, spec, *args):
+    shard = NamedSharding(mesh, spec)
+    jitted = jax.jit(fn, in_shardings=(shard,) * len(args))
+    text = jitted.lower(*args).compile().as_text()
+    out = jitted(*(jax.device_put(a, shard) for a in args))
+    return out, text
+
+
+# (activation, global x shape, x spec, mesh)
+ACT_CASES = [
+    ("gelu", (16, 64, 64), P("x", None, None), MESH_1D),
+    ("gelu", (4, 64, 256), P(None, None, "x"), MESH_1D),  # over H: 32 columns per shard
+    ("swiglu", (8, 32, 2, 128), P("a", None, None, "b"), MESH_2D),
+    ("silu", (2, 256, 64), P(None, "x", None), MESH_1D),  # rows split inside a batch
+]
+
+
+def _ids(cases):
+    return [f"{c[0]}-{'x'.join(map(str, c[1]))}-{c[2]}" for c in cases]
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+@pytest.mark.parametrize(("act", "shape", "spec", "mesh"), ACT_CASES, ids=_ids(ACT_CASES))
+def test_act_lu_quantized_sharded(act, shape, spec, mesh, name):
+    q = QUANTIZERS[name]()
+    x = jax.random.normal(jax.random.key(0), shape, jnp.bfloat16) * 3
+    fn = lambda x: te_jax.act_lu(x, act, quantizer=q)  # noqa: E731
+    out, text = _run(fn, mesh, spec, x)
+    _check_hlo(text, q)
+    _assert_same(out, jax.jit(fn)(x))
+
+
+@pytest.mark.parametrize("name", list(QUANTIZERS))
+@pytest.mark.parametrize(("act", "shape", "spec", "mesh"), ACT_CASES, ids=_ids(ACT_CASES))
+def test_quantize_dact_dbias_quantized_sharded(act, shape, spec, mesh, name):
+    q = QUANTIZERS[name]()
+    gated = act == "swiglu"
+    x = jax.random.normal(jax.random.key(1), shape, jnp.bfloat16) * 3
+    dz_shape = shape[:-2] + shape[-1:] if gated else shape
+    dz = jax.random.normal(jax.random.key(2), dz_shape, jnp.bfloat16)
+    dz_spec = P(*spec[:-2], spec[-1]) if gated else spec
+
+    def fn(dz, x):
+        return te_jax.quantize_dact_dbias(dz, x, act, is_dbias=True, quantizer=q)
+
+    shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
+    jitted = jax.jit(fn, in_shardings=(shard(dz_spec), shard(spec)))
+    text = jitted.lower(dz, x).compile().as_text()
+    _check_hlo(text, None)
+    (st, dbias) = jitted(jax.device_put(dz, shard(dz_spec)), jax.device_put(x, shard(spec)))
+    st_u, dbias_u = jax.jit(fn)(dz, x)
+    _assert_same(st, st_u)
+    # dbias: float32 partial sums reduced across shards, then rounded once: within one ulp.
+    np.testing.assert_allclose(
+        np.asarray(dbias, np.float32), np.asarray(dbias_u, np.float32), rtol=2**-7, atol=1e-2
+    )
+
+
+@pytest.mark.parametrize("name", ["current", "nvfp4"])
+def test_two_pass_uses_the_global_amax(name):
+    """Each shard's values are far below the global max: a per-shard amax would differ."""
+    q = QUANTIZERS[name]()
+    x = jnp.linspace(0.01, 1.0, 16 * 64, dtype=jnp.float32).reshape(16, 64)
+    x = x * jnp.arange(1, 17, dtype=jnp.float32)[:, None]
+    out, _ = _run(lambda x: te_jax.quantize(x, q), MESH_1D, P("x", None), x)
+    assert float(out.amax) == 16.0
+    _assert_same(out, jax.jit(lambda x: te_jax.quantize(x, q))(x))
+
+
+def test_vmapped_quantize_sharded_over_the_batch():
+    """vmap: one tensor (scale, amax) per batch element, the batch axis sharded."""
+    q = CurrentScaleQuantizer(jnp.float8_e4m3fn)
+    x = jax.random.normal(jax.random.key(3), (8, 32, 64), jnp.float32)
+    x = x * jnp.arange(1, 9, dtype=jnp.float32)[:, None, None]
+    fn = jax.vmap(lambda x: te_jax.quantize(x, q))
+    out, text = _run(fn, MESH_1D, P("x", None, None), x)
+    assert "all-reduce" not in text  # each batch element lives on one shard
+    _assert_same(out, jax.jit(fn)(x))
+    assert out.amax.shape == (8,)

@@ -1,0 +1,261 @@
+"""The fused quantized ops (act_lu / quantize_dact_dbias / dact_lu / quantize with a quantizer)
+against the pure-JAX path, bit for bit, for every scaling mode x layout x q_dtype x activation
+(gated and not) x input dtype. The pure-JAX path itself is checked against the NumPy/ml_dtypes
+oracle in tests/quantize/, so the kernels equal SPEC.md transitively.
+
+Every activation of one (mode, q_dtype, layout, dtype, op) runs in one jitted function, so the
+whole cross product compiles in a few dozen programs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import ACTS, make_dz, make_x, te_jax_custom_calls
+
+import te_jax
+from te_jax.quantize import reference as qref
+from te_jax.quantize import (
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    MXFP8Quantizer,
+    NVFP4Quantizer,
+    QuantizeLayout,
+    ScalingMode,
+)
+
+E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+LAYOUTS = list(QuantizeLayout)
+FIELDS = ("data", "colwise_data", "scale_inv", "colwise_scale_inv", "amax", "global_scale_inv")
+
+
+def _quantizer(mode, q_dtype, layout):
+    if mode == "delayed":
+        q = DelayedScaleQuantizer.create(q_dtype=q_dtype, q_layout=layout)
+        return q.update(jnp.float32(3.0))  # a scale other than 1
+    return {
+        "current": lambda: CurrentScaleQuantizer(q_dtype, layout),
+        "mxfp8": lambda: MXFP8Quantizer(q_dtype, layout),
+        "nvfp4": lambda: NVFP4Quantizer(q_layout=layout),
+    }[mode]()
+
+
+MODES = [
+    ("delayed", E4M3),
+    ("delayed", E5M2),
+    ("current", E4M3),
+    ("current", E5M2),
+    ("mxfp8", E4M3),
+    ("mxfp8", E5M2),
+    ("nvfp4", jnp.float4_e2m1fn),
+]
+MODE_IDS = [f"{m}-{jnp.dtype(d).name}" for m, d in MODES]
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
+def _bits(a):
+    a = np.asarray(a.astype(jnp.float32)) if a.dtype == jnp.float4_e2m1fn else np.asarray(a)
+    return a.view(np.uint8) if a.dtype.itemsize == 1 else a
+
+
+def assert_same_scaled(got, want, what=""):
+    assert got.scaling_mode == want.scaling_mode and got.q_layout == want.q_layout, what
+    assert got.dq_dtype == want.dq_dtype and got.shape == want.shape, what
+    for f in FIELDS:
+        g, w = getattr(got, f), getattr(want, f)
+        assert (g is None) == (w is None), (what, f)
+        if g is not None:
+            assert g.shape == w.shape and g.dtype == w.dtype, (what, f, g.shape, w.shape)
+            np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=f"{what} {f}")
+
+
+def _inputs(rng, dtype, rows=(2, 32), h=64):
+    """One (dz, x) pair per activation; magnitudes spread so blocks get different scales."""
+    out = []
+    for act in ACTS:
+        shape = rows + ((2, h) if act.gated else (h,))
+        x = make_x(rng, shape, dtype, act)
+        x = (x * np.exp2(rng.integers(-6, 3, size=shape[:-1] + (1,)))).astype(x.dtype)
+        dz = make_dz(rng, rows + (h,), dtype)
+        out.append((jnp.asarray(dz), jnp.asarray(x)))
+    return out
+
+
+def _flat(st, m, n):
+    """The raw buffers of a ScaledTensor of a [m, n] tensor, as 2-D arrays (leading axes folded
+    into m, feature axes into n), so tensors quantized with different axis splits compare."""
+    out = {}
+    for f in FIELDS:
+        a = getattr(st, f)
+        if a is None or a.ndim == 0:
+            out[f] = None if a is None else _bits(a)
+            continue
+        b = _bits(a)
+        out[f] = b.reshape(-1, m) if (f == "colwise_data" and st.scaling_mode.is_tensor_scaling) else b.reshape(m, -1) if f in ("data", "colwise_data", "scale_inv") else b.reshape(-1, n)
+    return out
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[lay.name for lay in LAYOUTS])
+@pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("op", ["act_lu", "quantize_dact_dbias"])
+def test_fused_equals_quantize_of_the_op(op, mode, q_dtype, layout, dtype, rng):
+    """The fused kernel equals the standalone quantize kernel applied to the unquantized op's
+    output, bit for bit, for every activation: the kernels quantize exactly the values the
+    unquantized op returns. (The standalone kernel equals the pure-JAX reference, and that the
+    NumPy oracle: test_standalone_quantize_equals_reference, tests/quantize/.)"""
+    q = _quantizer(mode, q_dtype, layout)
+    pairs = _inputs(rng, DTYPES[dtype])
+
+    def f(pairs):
+        outs = []
+        for act, (dz, x) in zip(ACTS, pairs, strict=True):
+            if op == "act_lu":
+                y, dbias = te_jax.act_lu(x, act.alias, implementation="ffi"), None
+                fused = te_jax.act_lu(x, act.alias, quantizer=q, implementation="ffi")
+                fused_dbias = None
+            else:
+                y, dbias = te_jax.quantize_dact_dbias(dz, x, act.alias, implementation="ffi")
+                fused, fused_dbias = te_jax.quantize_dact_dbias(
+                    dz, x, act.alias, is_dbias=True, quantizer=q, implementation="ffi"
+                )
+            m = y.size // y.shape[-1] // (2 if op != "act_lu" and act.gated else 1)
+            composite = te_jax.quantize(y.reshape(m, -1), q, implementation="ffi")
+            outs.append((fused, composite, fused_dbias, dbias, m))
+        return outs
+
+    tol = {"f32": 1e-5, "bf16": 2**-7, "f16": 2**-10}[dtype]
+    for act, (fused, composite, fused_dbias, dbias, m) in zip(ACTS, jax.jit(f)(pairs), strict=True):
+        n = fused.shape and int(np.prod(fused.shape)) // m
+        got, want = _flat(fused, m, n), _flat(composite, m, n)
+        for k in FIELDS:
+            assert (got[k] is None) == (want[k] is None), (act.alias, k)
+            if got[k] is not None:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"{act.alias} {k}")
+        if dbias is not None:
+            np.testing.assert_allclose(
+                np.asarray(fused_dbias, np.float32), np.asarray(dbias, np.float32),
+                rtol=tol, atol=tol,
+            )
+
+
+@pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("shape", [(64, 96), (2, 3, 32, 48), (32, 16)], ids=str)
+def test_standalone_quantize_equals_reference(mode, q_dtype, shape, rng):
+    for layout in LAYOUTS:
+        q = _quantizer(mode, q_dtype, layout)
+        x = jnp.asarray(rng.standard_normal(shape) * 10, jnp.bfloat16)
+        got = jax.jit(lambda x, q=q: te_jax.quantize(x, q, implementation="ffi"))(x)
+        want = te_jax.quantize(x, q, implementation="xla")
+        assert_same_scaled(got, want, layout.name)
+        np.testing.assert_array_equal(
+            np.asarray(te_jax.quantize(x, q).dequantize(), np.float32),
+            np.asarray(want.dequantize(), np.float32),
+        )
+
+
+def test_dact_lu_with_quantizer_is_the_dx_of_quantize_dact_dbias(rng):
+    q = CurrentScaleQuantizer(E4M3, QuantizeLayout.ROWWISE_COLWISE)
+    (dz, x) = _inputs(rng, jnp.bfloat16)[4]  # swiglu
+    a = te_jax.dact_lu(dz, x, "swiglu", quantizer=q)
+    b, _ = te_jax.quantize_dact_dbias(dz, x, "swiglu", is_dbias=False, quantizer=q)
+    assert_same_scaled(a, b)
+
+
+@pytest.mark.parametrize("mode", ["delayed", "current", "mxfp8", "nvfp4"])
+def test_vmap_gives_one_tensor_per_element(mode, rng):
+    """Under vmap each element is its own tensor (its own amax / scale), as unbatched calls."""
+    q = _quantizer(mode, E4M3 if mode != "nvfp4" else jnp.float4_e2m1fn, QuantizeLayout.ROWWISE_COLWISE)
+    x = jnp.asarray(rng.standard_normal((3, 32, 2, 64)), jnp.float32) * jnp.asarray([1.0, 10.0, 100.0])[:, None, None, None]
+    dz = jnp.asarray(rng.standard_normal((3, 32, 64)), jnp.float32)
+    batched = jax.jit(jax.vmap(lambda x: te_jax.act_lu(x, "geglu", quantizer=q)))(x)
+    for i in range(3):
+        one = te_jax.act_lu(x[i], "geglu", quantizer=q)
+        assert_same_scaled(jax.tree.map(lambda a, i=i: a[i], batched), one, f"element {i}")
+    st, dbias = jax.vmap(lambda dz, x: te_jax.quantize_dact_dbias(dz, x, "geglu", quantizer=q))(dz, x)
+    for i in range(3):
+        one, one_dbias = te_jax.quantize_dact_dbias(dz[i], x[i], "geglu", quantizer=q)
+        assert_same_scaled(jax.tree.map(lambda a, i=i: a[i], st), one, f"dact element {i}")
+        np.testing.assert_allclose(dbias[i], one_dbias, rtol=1e-6, atol=1e-6)
+
+
+def test_scan_over_steps_with_delayed_scaling(rng):
+    """The quantizer state goes through lax.scan: each step quantizes with the previous amax."""
+    xs = jnp.asarray(rng.standard_normal((4, 32, 64)), jnp.float32) * jnp.asarray([1.0, 2.0, 4.0, 8.0])[:, None, None]
+    q0 = DelayedScaleQuantizer.create(amax_history_len=4)
+
+    def step(q, x):
+        out = te_jax.act_lu(x, "gelu", quantizer=q)
+        return q.update(out.amax), (out.amax, out.scale_inv)
+
+    q_final, (amaxes, scale_invs) = jax.jit(lambda q, xs: jax.lax.scan(step, q, xs))(q0, xs)
+    want_amax = [float(jnp.max(jnp.abs(te_jax.act_lu(x, "gelu")))) for x in xs]
+    np.testing.assert_array_equal(np.asarray(amaxes), np.asarray(want_amax, np.float32))
+    assert float(scale_invs[0]) == 1.0
+    np.testing.assert_allclose(1.0 / np.asarray(scale_invs[1:]), 448.0 / np.maximum.accumulate(want_amax)[:-1], rtol=1e-6)
+    assert float(q_final.scale) == pytest.approx(448.0 / max(want_amax))
+
+
+@pytest.mark.parametrize("mode", ["current", "nvfp4"])
+@pytest.mark.parametrize("op", ["act_lu", "quantize_dact_dbias"])
+def test_two_pass_modes_keep_no_high_precision_intermediate(op, mode):
+    """SPEC §6: the compiled program holds no temporary the size of the activation output."""
+    q = _quantizer(mode, E4M3 if mode == "current" else jnp.float4_e2m1fn, QuantizeLayout.ROWWISE)
+    x = jax.ShapeDtypeStruct((256, 2, 1024), jnp.bfloat16)
+    dz = jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16)
+    if op == "act_lu":
+        fn, args = (lambda x: te_jax.act_lu(x, "swiglu", quantizer=q)), (x,)
+        y_bytes = 256 * 1024 * 2
+    else:
+        fn = lambda dz, x: te_jax.quantize_dact_dbias(dz, x, "swiglu", quantizer=q)  # noqa: E731
+        args, y_bytes = (dz, x), 256 * 2 * 1024 * 2
+    compiled = jax.jit(fn).lower(*args).compile()
+    assert te_jax_custom_calls(compiled.as_text())
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    assert temp < y_bytes // 4, f"{temp} bytes of temporaries for a {y_bytes}-byte output"
+
+
+def test_quantizer_on_integer_input_is_a_trace_time_error():
+    x = jax.ShapeDtypeStruct((4, 32), jnp.int32)
+    with pytest.raises(TypeError, match="floating"):
+        jax.eval_shape(lambda x: te_jax.act_lu(x, "gelu", quantizer=CurrentScaleQuantizer()), x)
+    with pytest.raises(TypeError, match="floating"):
+        jax.eval_shape(lambda x: te_jax.quantize(x, CurrentScaleQuantizer()), x)
+
+
+@pytest.mark.parametrize(
+    ("quantizer", "shape", "match"),
+    [
+        (MXFP8Quantizer(E4M3), (4, 48), "32"),
+        (MXFP8Quantizer(E4M3, QuantizeLayout.COLWISE), (48, 64), "32"),
+        (NVFP4Quantizer(), (4, 40), "16"),
+        (NVFP4Quantizer(q_layout=QuantizeLayout.COLWISE), (8, 64), "16"),
+        (MXFP8Quantizer(E4M3, QuantizeLayout.COLWISE), (64,), "leading"),
+    ],
+    ids=["mx-row", "mx-col", "nv-row", "nv-col", "mx-col-1d"],
+)
+def test_block_shape_errors(quantizer, shape, match):
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    for impl in ("ffi", "xla"):
+        with pytest.raises(ValueError, match=match):
+            jax.eval_shape(lambda x, impl=impl: te_jax.act_lu(x, "gelu", quantizer=quantizer, implementation=impl), x)
+
+
+def test_unsupported_q_dtype():
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        NVFP4Quantizer(jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match="float4_e2m1fn"):
+        CurrentScaleQuantizer(jnp.float4_e2m1fn)
+
+
+def test_scaled_tensor_metadata(rng):
+    x = jnp.asarray(rng.standard_normal((2, 32, 2, 64)), jnp.bfloat16)
+    dz = jnp.asarray(rng.standard_normal((2, 32, 64)), jnp.bfloat16)
+    st, _ = te_jax.quantize_dact_dbias(dz, x, "swiglu", quantizer=CurrentScaleQuantizer(E5M2, QuantizeLayout.ROWWISE_COLWISE))
+    assert st.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING
+    assert st.shape == x.shape and st.dq_dtype == jnp.bfloat16
+    assert st.colwise_data.shape == (2, 64, 2, 32)  # (2, H) + leading
+    y = st.dequantize()
+    assert y.shape == x.shape and y.dtype == jnp.bfloat16
