@@ -214,7 +214,10 @@ def test_two_pass_modes_keep_no_high_precision_intermediate(op, mode):
     compiled = jax.jit(fn).lower(*args).compile()
     assert te_jax_custom_calls(compiled.as_text())
     temp = compiled.memory_analysis().temp_size_in_bytes
-    assert temp < y_bytes // 4, f"{temp} bytes of temporaries for a {y_bytes}-byte output"
+    # The largest allowed temporary is NVFP4's packed codes (y's bytes / 4 for a bfloat16 y),
+    # which XLA:CPU copies when it unpacks them into float4_e2m1fn; a float32 or bfloat16 y
+    # (what an unfused current-scaling / NVFP4 path keeps) is 2-4x larger than this bound.
+    assert temp < y_bytes // 2, f"{temp} bytes of temporaries for a {y_bytes}-byte output"
 
 
 def test_quantizer_on_integer_input_is_a_trace_time_error():
