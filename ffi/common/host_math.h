@@ -1,6 +1,7 @@
 // Host-side exp and erf for the CPU kernels, written so that loops over contiguous float arrays
 // vectorise: no calls into libm, no data-dependent branches (selects are mask blends), 2^n built
-// from integer bits. Included by math.h for host code only.
+// from integer bits. Included by math.h for host code only (formats.h also uses the TE_HD bit
+// helpers, on the device too).
 //
 // Accuracy (checked exhaustively over every float against double precision, with and without
 // FMA contraction):
@@ -17,6 +18,8 @@
 #include <cstring>
 #include <limits>
 
+#include "common/macros.h"
+
 #if defined(__GNUC__) || defined(__clang__)
 #define TE_HOST_INLINE inline __attribute__((always_inline))
 #else
@@ -25,9 +28,14 @@
 
 namespace te_jax::math::host {
 
+// The bit helpers are TE_HD: common/formats.h uses them in device code too (there through the
+// CUDA intrinsics; __builtin_bit_cast is a host-compiler feature).
 namespace bits {
 
-TE_HOST_INLINE uint32_t of(float f) {
+TE_HD uint32_t of(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_bit_cast)
   return __builtin_bit_cast(uint32_t, f);
@@ -36,9 +44,13 @@ TE_HOST_INLINE uint32_t of(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
+#endif
 }
 
-TE_HOST_INLINE float to_float(uint32_t u) {
+TE_HD float to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_bit_cast)
   return __builtin_bit_cast(float, u);
@@ -47,6 +59,7 @@ TE_HOST_INLINE float to_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+#endif
 }
 
 // Branch-free c ? a : b. The ?: operator reaches the optimiser as a branch; GCC will not
@@ -54,12 +67,12 @@ TE_HOST_INLINE float to_float(uint32_t u) {
 // -fno-trapping-math), and after it sinks a value used by one arm only into that arm, or threads
 // a clamp's constant through the arithmetic, the enclosing loop no longer vectorises. A mask
 // blend has no branch to sink into, and compiles to a compare and a blend (or and/andnot/or).
-TE_HOST_INLINE uint32_t select(bool c, uint32_t a, uint32_t b) {
+TE_HD uint32_t select(bool c, uint32_t a, uint32_t b) {
   const uint32_t m = 0u - static_cast<uint32_t>(c);
   return (a & m) | (b & ~m);
 }
 
-TE_HOST_INLINE float select(bool c, float a, float b) { return to_float(select(c, of(a), of(b))); }
+TE_HD float select(bool c, float a, float b) { return to_float(select(c, of(a), of(b))); }
 
 }  // namespace bits
 
