@@ -245,4 +245,38 @@ TE_HD float mul_pow2(float y, int k) {
   return base * detail::pow2(n1) * detail::pow2(n - n1);
 }
 
+// y * s, correctly rounded wherever the exact product is at least 2^-126, also when y is
+// subnormal and the CPU treats subnormal inputs as zero (DAZ, which XLA's CPU threads set): a
+// subnormal y = m * 2^-149 is multiplied as float(m) (exact) times s * 2^-24 (exact unless s is
+// below 2^-102), then scaled by 2^-125; the pre-scaling keeps m * s from overflowing for any
+// finite s. Products below 2^-126 become 0 in every format here, so their rounding is moot.
+TE_HD float mul_exact(float y, float s) {
+  namespace b = math::host::bits;
+  const uint32_t u = b::of(y);
+  const bool sub = (u & 0x7f800000u) == 0u;  // zero or subnormal
+  const float m = b::to_float(b::of(static_cast<float>(static_cast<int32_t>(u & 0x7fffffu))) |
+                              (u & 0x80000000u));
+  const float tiny = mul_pow2(m * mul_pow2(s, -24), -125);
+  return b::select(sub, tiny, y * s);
+}
+
+// x / C for x >= 0 (NaN and inf pass through the native division), correctly rounded also when
+// the quotient is subnormal and the CPU flushes it (FTZ/DAZ): a quotient below 2^-126 means
+// x < C * 2^-126 <= 2^-119, so x = A * 2^-149 with an integer A < 2^30, and the quotient is
+// rne(A / C) units of 2^-149, whose count is its float32 bit pattern.
+template <int C>
+TE_HD float div_exact(float x) {
+  static_assert(C >= 1 && C <= 127, "a small positive divisor");
+  namespace b = math::host::bits;
+  const uint32_t u = b::of(x);
+  const uint32_t e = u >> 23;  // x >= 0: the biased exponent
+  const uint32_t shift = e == 0 ? 0u : (e - 1u) & 31u;
+  const uint32_t a = e == 0 ? u : ((u & 0x7fffffu) | 0x800000u) << shift;
+  const uint32_t q = a / static_cast<uint32_t>(C), r = a - q * static_cast<uint32_t>(C);
+  const uint32_t up = (2u * r > static_cast<uint32_t>(C)) |
+                      ((2u * r == static_cast<uint32_t>(C)) & (q & 1u));
+  const bool tiny = x < static_cast<float>(C) * 0x1p-126f || e == 0;
+  return b::select(tiny, b::to_float(q + up), x / static_cast<float>(C));
+}
+
 }  // namespace te_jax::fmt

@@ -72,7 +72,7 @@ TE_JAX_LOOP int32_t max_abs_key(const float* __restrict v, int64_t n) {
 template <typename Fmt>
 TE_JAX_LOOP void encode_scaled(const float* __restrict v, uint8_t* __restrict out, int64_t n,
                                float scale) {
-  for (int64_t i = 0; i < n; ++i) out[i] = Fmt::encode(v[i] * scale);
+  for (int64_t i = 0; i < n; ++i) out[i] = Fmt::encode(fmt::mul_exact(v[i], scale));
 }
 
 // MXFP8 along a row: n / 32 blocks; scales[k] = biased exponent of block k.
@@ -86,9 +86,11 @@ TE_JAX_LOOP void mxfp8_row(const float* __restrict v, uint8_t* __restrict out,
     const float amax = F32::key_value(key);
     const int e = fmt::e8m0_exponent(amax, Fmt::kMax);
     scales[k] = fmt::e8m0_biased(amax, Fmt::kMax);
-    // A NaN block (scale 0xFF) has NaN codes: adding the NaN amax poisons every value.
-    const float poison = amax != amax ? amax : 0.0f;
-    for (int i = 0; i < 32; ++i) out[32 * k + i] = Fmt::encode(fmt::mul_pow2(b[i], -e) + poison);
+    // A NaN block (scale 0xFF) has NaN codes.
+    const bool nan = amax != amax;
+    for (int i = 0; i < 32; ++i) {
+      out[32 * k + i] = Fmt::encode(nan ? amax : fmt::mul_pow2(b[i], -e));
+    }
   }
 }
 
@@ -101,23 +103,28 @@ TE_JAX_LOOP void mxfp8_cols(const float (*__restrict v)[kTileCols],
   for (int i = 0; i < 32; ++i)
     for (int64_t j = 0; j < n; ++j) key[j] = std::max(key[j], F32::abs_key(v[i][j]));
   int e[kTileCols];
-  float poison[kTileCols];
+  float nan[kTileCols];  // the block's NaN amax, or 0: a NaN block has NaN codes
   for (int64_t j = 0; j < n; ++j) {
     const float amax = F32::key_value(key[j]);
     e[j] = fmt::e8m0_exponent(amax, Fmt::kMax);
     scales[j] = fmt::e8m0_biased(amax, Fmt::kMax);
-    poison[j] = amax != amax ? amax : 0.0f;
+    nan[j] = amax != amax ? amax : 0.0f;
   }
   for (int i = 0; i < 32; ++i)
-    for (int64_t j = 0; j < n; ++j) out[i][j] = Fmt::encode(fmt::mul_pow2(v[i][j], -e[j]) + poison[j]);
+    for (int64_t j = 0; j < n; ++j) {
+      out[i][j] = Fmt::encode(nan[j] != nan[j] ? nan[j] : fmt::mul_pow2(v[i][j], -e[j]));
+    }
 }
 
 // NVFP4 block scale (E4M3 code) of a block with max |y| = amax, global scale s.
-TE_HD uint8_t nvfp4_block_scale(float amax, float s) { return fmt::to_e4m3((amax / 6.0f) * s); }
+// (amax / 6) * s, each step correctly rounded whatever the CPU's denormal mode.
+TE_HD uint8_t nvfp4_block_scale(float amax, float s) {
+  return fmt::to_e4m3(fmt::mul_exact(fmt::div_exact<6>(amax), s));
+}
 
 // E2M1 code of y in a block whose E4M3 block scale decodes to bs (0 where bs is 0).
 TE_HD uint8_t nvfp4_code(float y, float s, float bs) {
-  const uint8_t c = fmt::to_e2m1((y * s) / bs);
+  const uint8_t c = fmt::to_e2m1(fmt::mul_exact(y, s) / bs);
   return bs == 0.0f ? uint8_t{0} : c;
 }
 

@@ -41,7 +41,7 @@ from te_jax import reference
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
 from te_jax.primitives.dact_dbias import dbias_groups
-from te_jax.quantize import quantizers
+from te_jax.quantize import ieee, quantizers
 from te_jax.quantize import reference as qref
 from te_jax.quantize.formats import q_max
 from te_jax.quantize.modes import QuantizeLayout, ScalingMode
@@ -257,6 +257,11 @@ def _tensor_scale(cfg: QuantConfig, amax):
     return qref.current_scale(amax, q_max(cfg.q_dtype))
 
 
+def _reciprocal(s):
+    """``1 / s`` in float32, correctly rounded also when the result is subnormal."""
+    return ieee.div(jnp.float32(1.0), s)
+
+
 def _unpack_e2m1(packed, shape):
     """uint8 [..., N/2] of two E2M1 codes each (first in the low nibble) -> float4 ``shape``."""
     return lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(shape)
@@ -283,7 +288,7 @@ def _kernel(operands, scale, kind, act, params, cfg, is_dbias, batch_dims, reduc
         bufs, _, _ = _quantize_pass(kind, act, params, cfg, False, g, operands, s)
         res["amax"] = amax
         if cfg.mode == ScalingMode.NVFP4_1D_SCALING:
-            res["global_scale_inv"] = 1.0 / s
+            res["global_scale_inv"] = _reciprocal(s)
     else:
         s = scale.reshape(g.b).astype(jnp.float32)
         bufs, dbias, workspace = _quantize_pass(kind, act, params, cfg, is_dbias, g, operands, s)
@@ -299,7 +304,9 @@ def _kernel(operands, scale, kind, act, params, cfg, is_dbias, batch_dims, reduc
         shape = avals["colwise_data"].shape
         res["colwise_data"] = _unpack_e2m1(colwise, shape) if nvfp4 else colwise
     if "scale_inv" in avals:
-        res["scale_inv"] = scale_inv
+        # Tensor modes: 1 / scale in JAX, exactly (the kernel's own float32 division would be
+        # flushed to 0 under XLA:CPU's denormal mode when the scale is huge).
+        res["scale_inv"] = _reciprocal(s) if cfg.mode.is_tensor_scaling else scale_inv
     if "colwise_scale_inv" in avals:
         res["colwise_scale_inv"] = colwise_scale_inv
     if "dbias" in avals:

@@ -16,12 +16,20 @@ The helpers here work on the bit patterns with integer ops, which no denormal mo
   every caller casts it to an FP8/FP4 format straight after, where it becomes a signed zero
   either way.
 
+One trap: LLVM, which compiles XLA:CPU's kernels assuming IEEE denormals, rewrites integer tests
+on a float's bits into float compares when it can (``(bits & 0x7fffffff) == 0`` becomes
+``x == 0.0``), and XLA then runs that compare with a subnormal read as zero. So nothing here
+tests ``bits == 0``: zero is "normalised significand == 0" (through a count of leading zeros,
+which LLVM does not see through), and the remaining tests on exponent fields (subnormal, inf,
+NaN) give the same answer either way. (An ``optimization_barrier`` does not help: XLA:CPU removes
+it before fusion.) Operands that may be subnormal are only ever read through their bits.
+
 A float32 is ``±M · 2^(e-23)`` with an integer significand ``M`` in ``[2^23, 2^24)`` (subnormals
 are normalised by a count of leading zeros); ``split`` and ``_compose`` convert between the two.
 Native float ops are used only on normal operands with a normal result, where they are exact.
 
-Only float32 arrays are accepted; every function is elementwise (``abs_max`` reduces) and
-jittable.
+Operands are float32 arrays (``mul`` and ``div`` also take Python/NumPy scalar constants);
+every function is elementwise (the ``*max`` functions reduce) and jittable.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ __all__ = [
     "ldexp",
     "mul",
     "div",
+    "div_by_int",
+    "true_divide",
 ]
 
 _U32 = jnp.uint32
@@ -79,19 +89,6 @@ def from_bits(u) -> jax.Array:
     return lax.bitcast_convert_type(jnp.asarray(u, _U32), jnp.float32)
 
 
-def _opaque_bits(x) -> jax.Array:
-    """``bits(x)`` behind an optimization barrier.
-
-    LLVM rewrites integer tests on a float's bits into float compares (``(bits & 0x7fffffff)
-    == 0`` becomes ``x == 0.0``) whenever the float itself is in view in the same kernel; it
-    assumes IEEE denormals, and XLA:CPU then runs the compare with denormals read as zero, so a
-    subnormal tests as zero. The barrier keeps the integer pattern in its own buffer, out of
-    view of the float that produced it; after it this module uses only integer ops on operands
-    that may be subnormal.
-    """
-    return lax.optimization_barrier(bits(x))
-
-
 class _Parts(NamedTuple):
     """A float32 taken apart with integer ops: ``|x| = m · 2^(e-23)``."""
 
@@ -105,7 +102,7 @@ class _Parts(NamedTuple):
 
 
 def _parts(x) -> _Parts:
-    u = _opaque_bits(x)
+    u = bits(x)
     mag = u & _ABS
     biased = (mag >> 23).astype(_I32)
     frac = (u & _FRAC).astype(_I32)
@@ -114,7 +111,46 @@ def _parts(x) -> _Parts:
     shift = jnp.where(sub, lax.clz(frac) - 8, 0)
     m = jnp.where(sub, frac << shift, frac | _HIDDEN_I)
     e = jnp.where(sub, -126 - shift, biased - 127)
-    return _Parts(u & _SIGN, m, e, mag == 0, mag == _INF_BITS, mag > _INF_BITS)
+    # Zero is tested on the normalised significand, not as (bits & 0x7fffffff) == 0: see the
+    # module doc. The exponent-field tests (subnormal, inf, NaN) mean the same with or without
+    # denormals read as zero, so they are safe even if LLVM turns them into float compares.
+    return _Parts(u & _SIGN, m, e, m == 0, mag == _INF_BITS, mag > _INF_BITS)
+
+
+def _normal_parts(x):
+    """``(M, e)`` of a float32 known to be normal (a product or quotient of significands)."""
+    u = bits(x)
+    return (u & _FRAC).astype(_I32) | _HIDDEN_I, (u >> 23).astype(_I32) - 127
+
+
+def _static_parts(x) -> _Parts:
+    """``_parts`` of a constant (a Python or NumPy scalar), computed now: the traced graph
+    then holds literals instead of the integer ops that take a float apart."""
+    u = int(np.asarray(x, np.float32).view(np.uint32))
+    mag, frac = u & 0x7FFFFFFF, u & 0x7FFFFF
+    biased = mag >> 23
+    if biased == 0:
+        shift = 24 - frac.bit_length() if frac else 24
+        m, e = frac << shift, -126 - shift
+    else:
+        m, e = frac | 0x800000, biased - 127
+    return _Parts(
+        np.uint32(u & 0x80000000),
+        np.int32(m),
+        np.int32(e),
+        np.bool_(m == 0),
+        np.bool_(mag == 0x7F800000),
+        np.bool_(mag > 0x7F800000),
+    )
+
+
+def _is_static(x) -> bool:
+    return isinstance(x, (int, float, np.floating)) or (isinstance(x, np.ndarray) and x.ndim == 0)
+
+
+def _operand_parts(x) -> _Parts:
+    """``_parts`` of an operand: a float32 array, or a constant taken apart in Python."""
+    return _static_parts(x) if _is_static(x) else _parts(_f32(x))
 
 
 def split(x) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -132,7 +168,7 @@ def abs_max(x, axis=None) -> jax.Array:
     For non-negative floats the bit patterns order like the values, and a NaN's pattern exceeds
     infinity's, so an integer max of ``bits & 0x7fffffff`` is the float max with NaN propagated.
     """
-    mag = lax.bitcast_convert_type(_opaque_bits(x) & _ABS, _I32)
+    mag = lax.bitcast_convert_type(bits(x) & _ABS, _I32)
     return lax.bitcast_convert_type(jnp.max(mag, axis=axis, initial=0), jnp.float32)
 
 
@@ -142,7 +178,7 @@ def reduce_max(x, axis=None) -> jax.Array:
     Maps each pattern to an int32 that orders like the value (negatives: magnitude bits
     flipped), takes the integer max and maps back.
     """
-    u = lax.bitcast_convert_type(_opaque_bits(x), _I32)
+    u = lax.bitcast_convert_type(bits(x), _I32)
     nan = jnp.any((u & _ABS_I) > _INF_BITS_I, axis=axis)
     key = jnp.where(u < 0, u ^ _ABS_I, u)  # flipping the magnitude bits reverses the negatives
     top = jnp.max(key, axis=axis, initial=_NEG_INF_KEY)
@@ -189,6 +225,18 @@ def _significand(m):
     return from_bits((m & _FRAC_I).astype(_U32) | _ONE_BITS)
 
 
+def true_divide(a, b) -> jax.Array:
+    """``a / b`` rounded once, for normal float32 operands and results.
+
+    XLA's algebraic simplifier rewrites a division by a broadcast value (a scalar, a constant,
+    a per-block scale) into a multiplication by its reciprocal, which rounds twice: on XLA:CPU a
+    third of ``x / 6`` come out one ulp off. Selecting the divisor per element (1 where ``a`` is
+    NaN, where the quotient is NaN either way) stops the rewrite without changing any result.
+    """
+    a, b = jnp.broadcast_arrays(a, b)
+    return a / jnp.where(jnp.isnan(a), jnp.float32(1.0), b)
+
+
 def _special(sign, nan, inf):
     """NaN, signed infinity or signed zero: the results with a zero/inf/NaN operand."""
     return from_bits(jnp.where(nan, _NAN_BITS, jnp.where(inf, sign | _INF_BITS, sign)))
@@ -211,16 +259,39 @@ def mul(a, b) -> jax.Array:
     """``a · b`` in float32, exact for normal results whatever the operands (subnormal
     included); a result below 2^-126 keeps its sign but may be rounded twice (see module doc).
     """
-    a, b = jnp.broadcast_arrays(_f32(a), _f32(b))
-    pa, pb = _parts(a), _parts(b)
+    # Parts of each operand at its own shape (a scalar scale is taken apart once).
+    pa, pb = _operand_parts(a), _operand_parts(b)
     sign = pa.sign ^ pb.sign
     # Both significands in [1, 2): their product is normal and rounded once, in [1, 4).
-    pp = _parts(_significand(pa.m) * _significand(pb.m))
-    out = _compose(sign, pp.m, pp.e + pa.e + pb.e)
+    mp, ep = _normal_parts(_significand(pa.m) * _significand(pb.m))
+    out = _compose(sign, mp, ep + pa.e + pb.e)
     inf = pa.inf | pb.inf
     nan = pa.nan | pb.nan | (pa.inf & pb.zero) | (pa.zero & pb.inf)
     special = nan | inf | pa.zero | pb.zero
     return jnp.where(special, _special(sign, nan, inf), out)
+
+
+def div_by_int(x, c: int) -> jax.Array:
+    """``x / c`` for float32 ``x`` and a constant integer ``1 <= c <= 127``, correctly rounded
+    (subnormal results included), with far fewer ops than ``div``.
+
+    A result below 2^-126 comes from integer arithmetic: then ``x < c · 2^-126 <= 2^-119`` is a
+    whole number ``n`` of 2^-149 (``n < 2^30``), and the result is ``rne(n / c)`` of them.
+    Otherwise both ``x`` and the result are normal and a native division is exact.
+    """
+    if not (isinstance(c, int) and 1 <= c <= 127):
+        raise ValueError(f"div_by_int: c must be an int in [1, 127], got {c!r}")
+    x = _f32(x)
+    u = bits(x)
+    biased = ((u & _ABS) >> 23).astype(_I32)
+    frac = (u & _FRAC).astype(_I32)
+    # x in units of 2^-149: frac for a subnormal, (frac | 2^23) · 2^(biased-1) for a normal x.
+    n = jnp.where(biased == 0, frac, (frac | _HIDDEN_I) << jnp.clip(biased - 1, 0, 6))
+    tiny = (biased < 8) & (n < (c << 23))  # x < c · 2^-126 (the shift is exact below 2^-119)
+    q, r = n // c, n % c
+    q = q + ((2 * r > c) | ((2 * r == c) & ((q & 1) == 1))).astype(_I32)
+    small = from_bits((u & _SIGN) | q.astype(_U32))
+    return jnp.where(tiny, small, true_divide(x, np.float32(c)))
 
 
 def _mul_24x24(a, b):
@@ -249,19 +320,17 @@ def div(a, b) -> jax.Array:
     exactly on a half-integer, where an exact integer comparison of ``ma · 2^(sh+1)`` with
     ``(2n+1) · mb`` says which side ``x`` is on.
     """
-    a, b = jnp.broadcast_arrays(_f32(a), _f32(b))
-    pa, pb = _parts(a), _parts(b)
+    pa, pb = _operand_parts(a), _operand_parts(b)
     ma, mb = pa.m, pb.m
     sign = pa.sign ^ pb.sign
-    q = _significand(ma) / _significand(mb)  # in (0.5, 2), normal, rounded once
-    pq = _parts(q)
-    e = pq.e + pa.e - pb.e
-    normal = _compose(sign, pq.m, e)
+    mq, eq = _normal_parts(true_divide(_significand(ma), _significand(mb)))  # in (0.5, 2)
+    e = eq + pa.e - pb.e
+    normal = _compose(sign, mq, e)
 
     # Subnormal results (e < -126): |a/b| = x · 2^-149, x = (ma/mb) · 2^sh, sh <= 23.
     sh = pa.e - pb.e + 149
     shc = jnp.clip(sh, -1, 23)  # sh <= -2 gives x < 1/2: n = 0
-    xf = _compose(_U32(0), pq.m, pq.e + shc)  # q · 2^sh, exact (normal, >= 1/4)
+    xf = _compose(_U32(0), mq, eq + shc)  # q · 2^sh, exact (normal, >= 1/4)
     f = jnp.floor(xf)
     frac = xf - f  # exact
     fi = f.astype(_I32)

@@ -66,6 +66,7 @@ class Quantizer:
 
     scaling_mode: ClassVar[ScalingMode]
     _leaf_fields: ClassVar[tuple[str, ...]] = ()
+    _static_fields: ClassVar[tuple[str, ...]] = ()  # set by _register
 
     q_dtype: np.dtype
     q_layout: QuantizeLayout
@@ -81,24 +82,20 @@ class Quantizer:
         """The largest finite value ``Q`` of ``q_dtype`` (448, 57344 or 6)."""
         return formats.q_max(self.q_dtype)
 
-    @classmethod
-    def _static_fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls._leaf_fields)
-
     def _flatten_with_keys(self):
         children = tuple(
             (jax.tree_util.GetAttrKey(name), getattr(self, name)) for name in self._leaf_fields
         )
-        return children, tuple(getattr(self, name) for name in self._static_fields())
+        return children, tuple(getattr(self, name) for name in self._static_fields)
 
     def _flatten(self):
         children = tuple(getattr(self, name) for name in self._leaf_fields)
-        return children, tuple(getattr(self, name) for name in self._static_fields())
+        return children, tuple(getattr(self, name) for name in self._static_fields)
 
     @classmethod
     def _unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        for name, value in zip(cls._static_fields(), aux, strict=True):
+        for name, value in zip(cls._static_fields, aux, strict=True):
             object.__setattr__(obj, name, value)
         for name, value in zip(cls._leaf_fields, children, strict=True):
             object.__setattr__(obj, name, value)
@@ -107,6 +104,9 @@ class Quantizer:
 
 def _register(cls):
     """Registers a quantizer dataclass as a pytree (after the dataclass decorator has run)."""
+    cls._static_fields = tuple(
+        f.name for f in dataclasses.fields(cls) if f.name not in cls._leaf_fields
+    )
     jax.tree_util.register_pytree_with_keys(
         cls, cls._flatten_with_keys, cls._unflatten, flatten_func=cls._flatten
     )
@@ -207,7 +207,9 @@ class DelayedScaleQuantizer(Quantizer):
                 + ", ".join(repr(a) for a in AMAX_COMPUTE_ALGOS)
             )
         scale = jnp.ones((), jnp.float32) if self.scale is None else self.scale
-        history = jnp.zeros((1024,), jnp.float32) if self.amax_history is None else self.amax_history
+        history = (
+            jnp.zeros((1024,), jnp.float32) if self.amax_history is None else self.amax_history
+        )
         object.__setattr__(self, "scale", jnp.asarray(scale, jnp.float32))
         object.__setattr__(self, "amax_history", jnp.asarray(history, jnp.float32))
 
@@ -248,7 +250,9 @@ class DelayedScaleQuantizer(Quantizer):
 
             h[0] = amax
             a = max(h)              # or h[0] with amax_compute_algo="most_recent"
-            scale = (Q / a) / 2^margin, unless a <= 0 or a is not finite (then unchanged)
+            scale = (Q / a) / 2^margin, unless a <= 0, a is not finite, or that scale is not
+                    finite (a subnormal a): then unchanged (the last is te_jax's refinement of
+                    SPEC.md, which would give an infinite scale)
             h = roll(h, -1); h[0] = 0
 
         so after the update the newest amax sits in the last slot and slot 0 is free for the
@@ -272,8 +276,9 @@ class DelayedScaleQuantizer(Quantizer):
             )
         hist = hist.at[0].set(amax.reshape(()))
         a = hist[0] if self.amax_compute_algo == "most_recent" else ieee.reduce_max(hist)
-        new_scale = ieee.ldexp(ieee.div(jnp.float32(self.q_max), a), -self.margin)
-        keep = ~(ieee.is_positive(a) & jnp.isfinite(a))
+        # Q / a natively: exact for normal a; a subnormal a gives inf both ways (Q >= 6).
+        new_scale = ieee.ldexp(np.float32(self.q_max) / a, -self.margin)
+        keep = ~(ieee.is_positive(a) & jnp.isfinite(a) & jnp.isfinite(new_scale))
         scale = jnp.where(keep, self.scale, new_scale).astype(jnp.float32)
         hist = jnp.roll(hist, -1).at[0].set(0.0)
         return self._unflatten(self._flatten()[1], (scale, hist))

@@ -75,9 +75,16 @@ def amax(y: jax.Array) -> jax.Array:
 
 
 def _scale_from(amax_: jax.Array, numerator: float) -> jax.Array:
-    """``numerator / amax``; 1 when amax is 0; float32 max when the quotient overflows."""
+    """``numerator / amax``; 1 when amax is 0; float32 max when the quotient overflows.
+
+    A native division is exact here whatever the denormal mode, for a numerator >= 6: with a
+    normal amax the quotient (>= 6 / 3.4e38) is normal; a subnormal amax gives inf both in IEEE
+    (6 / 2^-126 > float32 max) and when it is read as zero. Only the zero test needs ``ieee``.
+    Keeping this cheap matters: the scale feeds every element, and XLA inlines its computation
+    into each consumer.
+    """
     amax_ = jnp.asarray(amax_, jnp.float32)
-    s = ieee.div(jnp.float32(numerator), amax_)
+    s = np.float32(numerator) / amax_
     s = jnp.where(jnp.isinf(s), _F32_MAX, s)  # amax tiny or subnormal: Q/amax overflows
     return jnp.where(ieee.is_zero(amax_), jnp.float32(1.0), s)
 
@@ -138,7 +145,7 @@ def _as_amax(value, what: str) -> jax.Array:
 def _tensor_scaled(y32, quantizer: Quantizer, scale, amax_, n_feature_axes, dq_dtype):
     lay = quantizer.q_layout
     q = formats.saturating_cast(ieee.mul(y32, scale), quantizer.q_dtype)
-    scale_inv = ieee.div(jnp.float32(1.0), scale)
+    scale_inv = ieee.div(np.float32(1.0), scale)
     colwise = None
     if lay.has_colwise:
         colwise = jnp.transpose(q, colwise_perm(q.ndim, n_feature_axes))
@@ -172,13 +179,13 @@ def _nvfp4_direction(y32, y_s, global_scale, axis):
     ``y_s`` is ``y · S``, shared by both directions."""
     amax_b = ieee.abs_max(split_blocks(y32, axis, 16), axis=axis + 1)
     block_scale = formats.saturating_cast(
-        ieee.mul(ieee.div(amax_b, jnp.float32(6.0)), global_scale), formats.E4M3
+        ieee.mul(ieee.div_by_int(amax_b, 6), global_scale), formats.E4M3
     )
     bs = jnp.expand_dims(block_scale.astype(jnp.float32), axis + 1)  # E4M3 values are normal
-    # A native division is exact here: bs is a normal float32 (or 0, masked below); an
-    # operand or result below 2^-126 is at most 2^-117 in magnitude and becomes a signed
-    # zero in E2M1 whether or not the backend flushes it.
-    scaled = split_blocks(y_s, axis, 16) / bs
+    # A native division (not a multiplication by 1/bs: see ieee.true_divide) is exact here: bs
+    # is a normal float32 (or 0, masked below); an operand or result below 2^-126 is at most
+    # 2^-117 in magnitude and becomes a signed zero in E2M1 whether or not the backend flushes.
+    scaled = ieee.true_divide(split_blocks(y_s, axis, 16), bs)
     q = jnp.where(bs == 0, jnp.float32(0.0), scaled)
     return formats.saturating_cast(q, formats.E2M1).reshape(y32.shape), block_scale
 
@@ -190,7 +197,7 @@ def _block_scaled(y32, quantizer: Quantizer, amax_, n_feature_axes, dq_dtype):
         direction = lambda axis: _mxfp8_direction(y32, quantizer.q_dtype, axis)
     else:
         global_scale = nvfp4_global_scale(amax_)
-        fields = {"amax": amax_, "global_scale_inv": ieee.div(jnp.float32(1.0), global_scale)}
+        fields = {"amax": amax_, "global_scale_inv": ieee.div(np.float32(1.0), global_scale)}
         y_s = ieee.mul(y32, global_scale)
         direction = lambda axis: _nvfp4_direction(y32, y_s, global_scale, axis)
     if lay.has_rowwise:

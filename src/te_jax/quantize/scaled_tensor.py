@@ -2,12 +2,14 @@
 
 ``dequantized = data · scale_inv``, the scale broadcast over its tensor or block:
 
-| mode          | data (dtype)          | scale_inv                     | also            |
-|---------------|-----------------------|-------------------------------|-----------------|
-| delayed       | E4M3/E5M2, y's shape  | float32 ``()``                | ``amax``        |
-| current       | E4M3/E5M2, y's shape  | float32 ``()``                | ``amax``        |
-| MXFP8         | E4M3/E5M2, y's shape  | E8M0, one per 32 (layout.py)  |                 |
-| NVFP4         | E2M1, y's shape       | E4M3, one per 16              | ``amax``, ``global_scale_inv`` (NVFP4 dequantizes to ``q · scale_inv · global_scale_inv``) |
+| mode     | data (dtype)          | scale_inv                    | also                         |
+|----------|-----------------------|------------------------------|------------------------------|
+| delayed  | E4M3/E5M2, y's shape  | float32 ``()``               | ``amax``                     |
+| current  | E4M3/E5M2, y's shape  | float32 ``()``               | ``amax``                     |
+| MXFP8    | E4M3/E5M2, y's shape  | E8M0, one per 32 (layout.py) |                              |
+| NVFP4    | E2M1, y's shape       | E4M3, one per 16             | ``amax``, ``global_scale_inv`` |
+
+NVFP4 dequantizes to ``q · scale_inv · global_scale_inv``.
 
 Colwise copies (``colwise_data``, ``colwise_scale_inv``): for tensor scaling the transpose of the
 flattened 2-D tensor, ``features + leading``, with the same scale; for block scaling the rowwise
