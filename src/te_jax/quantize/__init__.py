@@ -52,17 +52,8 @@ class _QuantizeModule(types.ModuleType):
 
     def __call__(self, x, quantizer, *, implementation: str | None = None) -> ScaledTensor:
         """Quantizes ``x`` (see ``te_jax.quantize_op.quantize``); returns a ``ScaledTensor``."""
-        try:
-            from te_jax.quantize_op import quantize as _quantize
-        except ModuleNotFoundError as e:
-            # TODO(lead): remove this fallback once te_jax.quantize_op exists.
-            if e.name != "te_jax.quantize_op":
-                raise
-            if implementation not in (None, "xla"):
-                raise NotImplementedError(
-                    f"te_jax.quantize: implementation={implementation!r} needs te_jax.quantize_op"
-                ) from e
-            return reference.quantize(x, quantizer)
+        from te_jax.quantize_op import quantize as _quantize  # noqa: PLC0415 -- cycle
+
         return _quantize(x, quantizer, implementation=implementation)
 
 
