@@ -264,6 +264,10 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
     q.scale_inv = b.scale_inv.typed_data<float>();
   } else {
     const int64_t bs = mxfp8 ? 32 : 16;
+    if (nvfp4 && unit % 2 != 0) {
+      return invalid(op, "NVFP4 packs two E2M1 codes per byte along the last axis: it needs an "
+                         "even last axis, got " + std::to_string(unit));
+    }
     if (row && unit % bs != 0) {
       return invalid(op, std::string(scaling_mode_name(mode)) + " rowwise needs the last axis (" +
                              std::to_string(unit) + ") divisible by " + std::to_string(bs));
@@ -356,6 +360,9 @@ inline ffi::Error decode_dact_input(const char* op, DActProblem& p, ffi::AnyBuff
   if (!dtype) {
     return invalid(op, std::string("x must be float32, bfloat16 or float16, got ") +
                            dtype_name(x.element_type()));
+  }
+  if (act == ActivationEnum::IDENTITY) {
+    return invalid(op, "act_enum IDENTITY is for te_jax_quantize / te_jax_act_amax only");
   }
   if (dz.element_type() != x.element_type()) {
     return invalid(op, std::string("dz must have x's dtype ") + dtype_name(x.element_type()) +

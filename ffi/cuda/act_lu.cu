@@ -1,5 +1,5 @@
 // te_jax_act_lu on CUDA: the elementwise forward kernel of elementwise.cuh, one instantiation per
-// (activation, dtype).
+// (activation, dtype); quantized outputs and the amax pass go to the quant_act_*.cu launchers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +11,16 @@
 namespace te_jax::cuda {
 
 cudaError_t launch_act_lu(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
+  if (p.quantized) {  // the generic path (quantize.cuh)
+    switch (p.q.mode) {
+      case ScalingMode::DELAYED_TENSOR_SCALING:
+      case ScalingMode::CURRENT_TENSOR_SCALING: return launch_act_lu_q_tensor(p, stream, cfg);
+      case ScalingMode::MXFP8_1D_SCALING: return launch_act_lu_q_mx(p, stream, cfg);
+      case ScalingMode::NVFP4_1D_SCALING: return launch_act_lu_q_nvfp4(p, stream, cfg);
+      case ScalingMode::NO_SCALING: return launch_act_lu_q_amax(p, stream, cfg);
+    }
+    return cudaErrorInvalidValue;
+  }
   cudaError_t err = cudaErrorInvalidValue;  // unknown activation or dtype (decode rejects both)
   with_activation(p.act, [&](auto spec) {
     using Spec = decltype(spec);

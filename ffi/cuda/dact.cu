@@ -1,5 +1,6 @@
 // te_jax_dact_dbias_quantize on CUDA. Without dbias: the elementwise backward kernel of
-// elementwise.cuh. With dbias: dact_dbias.cu.
+// elementwise.cuh. With dbias: dact_dbias.cu. Quantized outputs and the amax pass (with or
+// without dbias): the quant_dact_*.cu launchers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -11,6 +12,16 @@
 namespace te_jax::cuda {
 
 cudaError_t launch_dact_dbias(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
+  if (p.quantized) {  // the generic path (quantize.cuh), with or without dbias
+    switch (p.q.mode) {
+      case ScalingMode::DELAYED_TENSOR_SCALING:
+      case ScalingMode::CURRENT_TENSOR_SCALING: return launch_dact_q_tensor(p, stream, cfg);
+      case ScalingMode::MXFP8_1D_SCALING: return launch_dact_q_mx(p, stream, cfg);
+      case ScalingMode::NVFP4_1D_SCALING: return launch_dact_q_nvfp4(p, stream, cfg);
+      case ScalingMode::NO_SCALING: return launch_dact_q_amax(p, stream, cfg);
+    }
+    return cudaErrorInvalidValue;
+  }
   if (p.dbias != nullptr) return launch_dact_with_dbias(p, stream, cfg);
   cudaError_t err = cudaErrorInvalidValue;  // unknown activation or dtype (decode rejects both)
   with_activation(p.act, [&](auto spec) {

@@ -410,6 +410,27 @@ cudaError_t launch_typed(const DActProblem& p, cudaStream_t stream, const Launch
 
 }  // namespace
 
+cudaError_t launch_dbias_finalize(const float* ws, void* dbias, DType dtype, uint64_t n,
+                                  uint64_t groups, uint64_t batches, cudaStream_t stream,
+                                  bool load_only) {
+  auto go = [&](auto* kernel, auto* out) -> cudaError_t {
+    if (load_only) return load_kernel(kernel);
+    if (n == 0 || batches == 0) return cudaSuccess;
+    const dim3 fgrid(
+        static_cast<unsigned>(std::min<uint64_t>((n + kFinCols - 1) / kFinCols, 0x7fffffff)),
+        static_cast<unsigned>(std::min<uint64_t>(batches, kMaxGridY)));
+    kernel<<<fgrid, kThreads, 0, stream>>>(ws, out, n, groups, batches);
+    return cudaGetLastError();
+  };
+  switch (dtype) {
+    case DType::F32: return go(&dbias_finalize_kernel<float>, static_cast<float*>(dbias));
+    case DType::BF16:
+      return go(&dbias_finalize_kernel<__nv_bfloat16>, static_cast<__nv_bfloat16*>(dbias));
+    case DType::F16: return go(&dbias_finalize_kernel<__half>, static_cast<__half*>(dbias));
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t launch_dact_with_dbias(const DActProblem& p, cudaStream_t stream,
                                    const LaunchConfig& cfg) {
   cudaError_t err = cudaErrorInvalidValue;  // unknown activation or dtype (decode rejects both)

@@ -83,6 +83,66 @@ ffi::Error DActLuDBiasQuantizeImpl(cudaStream_t stream, ffi::AnyBuffer dz, ffi::
   return ffi::Error::Success();
 }
 
+// ---- te_jax_quantize (act_lu of the identity) -----------------------------------------------
+
+template <bool kInitialize>
+ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale,
+                        ffi::AnyBuffer amax, Ret out, Ret colwise_out, Ret scale_inv,
+                        Ret colwise_scale_inv, Ret updated_amax, ScalingMode scaling_mode,
+                        QuantizeLayout quantize_layout, bool output_amax) {
+  constexpr const char* op = "te_jax_quantize";
+  ActLuProblem p;
+  if (ffi::Error e = decode_quantize(p, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
+                                     &*colwise_scale_inv, &*updated_amax, scaling_mode,
+                                     quantize_layout, output_amax);
+      e.failure()) {
+    return e;
+  }
+  LaunchConfig cfg;
+  cfg.load_only = kInitialize;
+  if (cudaError_t e = launch_act_lu(p, stream, cfg); e != cudaSuccess) {
+    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
+  }
+  return ffi::Error::Success();
+}
+
+// ---- te_jax_act_amax (first pass of the two-pass modes) -------------------------------------
+
+template <bool kInitialize>
+ffi::Error ActAmaxImpl(cudaStream_t stream, ffi::AnyBuffer x, Ret amax, ActivationEnum act_enum,
+                       ActParams act_params) {
+  constexpr const char* op = "te_jax_act_amax";
+  ActLuProblem p;
+  if (ffi::Error e = decode_act_amax(p, x, &*amax, act_enum, act_params); e.failure()) return e;
+  LaunchConfig cfg;
+  cfg.load_only = kInitialize;
+  if (cudaError_t e = launch_act_lu(p, stream, cfg); e != cudaSuccess) {
+    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
+  }
+  return ffi::Error::Success();
+}
+
+// ---- te_jax_dact_dbias_amax (first pass of dact_dbias in the two-pass modes) ----------------
+
+template <bool kInitialize>
+ffi::Error DActAmaxImpl(cudaStream_t stream, ffi::AnyBuffer dz, ffi::AnyBuffer x, Ret amax,
+                        Ret dbias, Ret workspace, ActivationEnum act_enum, bool is_dbias,
+                        ActParams act_params) {
+  constexpr const char* op = "te_jax_dact_dbias_amax";
+  DActProblem p;
+  if (ffi::Error e = decode_dact_amax(p, dz, x, &*amax, &*dbias, &*workspace, act_enum, is_dbias,
+                                      act_params);
+      e.failure()) {
+    return e;
+  }
+  LaunchConfig cfg;
+  cfg.load_only = kInitialize;
+  if (cudaError_t e = launch_dact_dbias(p, stream, cfg); e != cudaSuccess) {
+    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
+  }
+  return ffi::Error::Success();
+}
+
 // Bindings (functions, so the template commas stay out of the handler macros).
 auto act_lu_execute_binding() { return bind_act_lu<ffi::ExecutionStage::kExecute, Stream>(); }
 auto act_lu_initialize_binding() {
@@ -91,6 +151,21 @@ auto act_lu_initialize_binding() {
 auto dact_execute_binding() { return bind_dact_dbias<ffi::ExecutionStage::kExecute, Stream>(); }
 auto dact_initialize_binding() {
   return bind_dact_dbias<ffi::ExecutionStage::kInitialize, Stream>();
+}
+
+auto quantize_execute_binding() { return bind_quantize<ffi::ExecutionStage::kExecute, Stream>(); }
+auto quantize_initialize_binding() {
+  return bind_quantize<ffi::ExecutionStage::kInitialize, Stream>();
+}
+auto act_amax_execute_binding() { return bind_act_amax<ffi::ExecutionStage::kExecute, Stream>(); }
+auto act_amax_initialize_binding() {
+  return bind_act_amax<ffi::ExecutionStage::kInitialize, Stream>();
+}
+auto dact_amax_execute_binding() {
+  return bind_dact_amax<ffi::ExecutionStage::kExecute, Stream>();
+}
+auto dact_amax_initialize_binding() {
+  return bind_dact_amax<ffi::ExecutionStage::kInitialize, Stream>();
 }
 
 }  // namespace
@@ -102,6 +177,15 @@ XLA_FFI_DEFINE_HANDLER(DActLuDBiasQuantizeFFI, DActLuDBiasQuantizeImpl<false>,
                        dact_execute_binding(), {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(DActLuDBiasQuantizeInitializeFFI, DActLuDBiasQuantizeImpl<true>,
                        dact_initialize_binding());
+XLA_FFI_DEFINE_HANDLER(QuantizeFFI, QuantizeImpl<false>, quantize_execute_binding(),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(QuantizeInitializeFFI, QuantizeImpl<true>, quantize_initialize_binding());
+XLA_FFI_DEFINE_HANDLER(ActAmaxFFI, ActAmaxImpl<false>, act_amax_execute_binding(),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(ActAmaxInitializeFFI, ActAmaxImpl<true>, act_amax_initialize_binding());
+XLA_FFI_DEFINE_HANDLER(DActAmaxFFI, DActAmaxImpl<false>, dact_amax_execute_binding(),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(DActAmaxInitializeFFI, DActAmaxImpl<true>, dact_amax_initialize_binding());
 
 }  // namespace te_jax::cuda
 
@@ -135,6 +219,12 @@ NB_MODULE(_te_jax_cuda, m) {
         d["te_jax_dact_dbias_quantize"] =
             stages(handler_capsule(tc::DActLuDBiasQuantizeInitializeFFI),
                    handler_capsule(tc::DActLuDBiasQuantizeFFI));
+        d["te_jax_quantize"] = stages(handler_capsule(tc::QuantizeInitializeFFI),
+                                      handler_capsule(tc::QuantizeFFI));
+        d["te_jax_act_amax"] = stages(handler_capsule(tc::ActAmaxInitializeFFI),
+                                      handler_capsule(tc::ActAmaxFFI));
+        d["te_jax_dact_dbias_amax"] = stages(handler_capsule(tc::DActAmaxInitializeFFI),
+                                             handler_capsule(tc::DActAmaxFFI));
         return d;
       },
       "{target name: {'initialize': capsule, 'execute': capsule}} for "

@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "common/problem.h"
 
 namespace te_jax::cuda {
@@ -22,13 +24,39 @@ struct LaunchConfig {
   unsigned max_blocks = 0;
 };
 
-// te_jax_act_lu, NO_SCALING: y = act(x) (gated: act(x[:, 0, :]) * lin(x[:, 1, :])), and
-// optionally amax = max|y| (float32) over y rounded to its dtype.
+// te_jax_act_lu (and te_jax_quantize, te_jax_act_amax: act = IDENTITY / the amax pass).
+// NO_SCALING: y = act(x) (gated: act(x[:, 0, :]) * lin(x[:, 1, :])), and optionally amax =
+// max|y| (float32) over y rounded to its dtype. p.quantized: emits through p.q.
 cudaError_t launch_act_lu(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
 
-// te_jax_dact_dbias_quantize, NO_SCALING: dx = dact(dz, x), optionally dbias (deterministic
-// two-stage reduction through the workspace) and amax = max|dx|.
+// te_jax_dact_dbias_quantize (and te_jax_dact_dbias_amax). NO_SCALING: dx = dact(dz, x),
+// optionally dbias (deterministic two-stage reduction through the workspace) and amax = max|dx|.
+// p.quantized: emits dx through p.q (dbias as before).
 cudaError_t launch_dact_dbias(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
+
+// The generic path (p.quantized: the scaled modes, and the amax passes with q.mode ==
+// NO_SCALING) of launch_act_lu / launch_dact_dbias, one translation unit per mode
+// (quant_{act,dact}_{tensor,mx,nvfp4,amax}.cu; kernels in quantize.cuh). launch_act_lu and
+// launch_dact_dbias dispatch to them.
+cudaError_t launch_act_lu_q_tensor(const ActLuProblem& p, cudaStream_t stream,
+                                   const LaunchConfig& cfg);
+cudaError_t launch_act_lu_q_mx(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
+cudaError_t launch_act_lu_q_nvfp4(const ActLuProblem& p, cudaStream_t stream,
+                                  const LaunchConfig& cfg);
+cudaError_t launch_act_lu_q_amax(const ActLuProblem& p, cudaStream_t stream,
+                                 const LaunchConfig& cfg);
+cudaError_t launch_dact_q_tensor(const DActProblem& p, cudaStream_t stream,
+                                 const LaunchConfig& cfg);
+cudaError_t launch_dact_q_mx(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
+cudaError_t launch_dact_q_nvfp4(const DActProblem& p, cudaStream_t stream,
+                                const LaunchConfig& cfg);
+cudaError_t launch_dact_q_amax(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
+
+// The dbias finalize kernel (dact_dbias.cu): dbias[b, c] = sum over g of ws[b, g, c], in order
+// g = 0..groups-1, rounded to dtype; ws is [batches, groups, n]. With load_only, only loads it.
+cudaError_t launch_dbias_finalize(const float* ws, void* dbias, DType dtype, uint64_t n,
+                                  uint64_t groups, uint64_t batches, cudaStream_t stream,
+                                  bool load_only);
 
 // The dbias branch of launch_dact_dbias (p.dbias != nullptr), in its own translation unit
 // (dact_dbias.cu) so the two halves compile in parallel.

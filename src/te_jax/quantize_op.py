@@ -68,6 +68,11 @@ def quantized_output(
         return (st, dbias) if kind == "dact" else st
 
     cfg = QuantConfig.of(quantizer)
+    if cfg.mode == ScalingMode.NVFP4_1D_SCALING and y_shape[-1] % 2:
+        raise ValueError(
+            f"te_jax.{op}: the NVFP4 kernels pack two E2M1 codes per byte along the last axis, "
+            f"which must be even; got shape {y_shape} (implementation='xla' takes any shape)"
+        )
     if cfg.mode == ScalingMode.DELAYED_TENSOR_SCALING:
         scale = quantizer.scale
     else:

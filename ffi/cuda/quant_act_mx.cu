@@ -1,0 +1,12 @@
+// act_lu / quantize on CUDA, generic path: MXFP8_1D_SCALING. One instantiation of quantize.cuh's
+// kernel per (activation, dtype); one translation unit per mode so they compile in parallel.
+#include "cuda/quantize.cuh"
+
+namespace te_jax::cuda {
+
+cudaError_t launch_act_lu_q_mx(const ActLuProblem& p, cudaStream_t stream,
+                               const LaunchConfig& cfg) {
+  return quant::dispatch_forward<quant::Mode::kMx>(p, stream, cfg);
+}
+
+}  // namespace te_jax::cuda

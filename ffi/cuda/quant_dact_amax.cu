@@ -1,0 +1,12 @@
+// dact_dbias on CUDA, generic path: the amax pass (max|y| per batch, dbias). One instantiation of
+// quantize.cuh's kernel per (activation, dtype); one translation unit per mode so they compile in
+// parallel.
+#include "cuda/quantize.cuh"
+
+namespace te_jax::cuda {
+
+cudaError_t launch_dact_q_amax(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
+  return quant::dispatch_backward<quant::Mode::kAmax>(p, stream, cfg);
+}
+
+}  // namespace te_jax::cuda

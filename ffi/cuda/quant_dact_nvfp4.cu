@@ -1,0 +1,12 @@
+// dact_dbias on CUDA, generic path: NVFP4_1D_SCALING. One instantiation of quantize.cuh's kernel
+// per (activation, dtype); one translation unit per mode so they compile in parallel.
+#include "cuda/quantize.cuh"
+
+namespace te_jax::cuda {
+
+cudaError_t launch_dact_q_nvfp4(const DActProblem& p, cudaStream_t stream,
+                                const LaunchConfig& cfg) {
+  return quant::dispatch_backward<quant::Mode::kNvfp4>(p, stream, cfg);
+}
+
+}  // namespace te_jax::cuda

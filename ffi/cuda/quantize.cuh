@@ -1,0 +1,886 @@
+// The generic (quantizing or amax-only) path of te_jax_act_lu / te_jax_quantize /
+// te_jax_dact_dbias_quantize and the amax passes on CUDA: one tiled kernel template, instantiated
+// per (activation, input dtype, mode, forward/backward) by the quant_*.cu files. Formulas and
+// buffer layouts: common/problem.h, SPEC.md §4-§5; the reference semantics are
+// ffi/cpu/quantized.cc, whose bits every output here matches (dbias excepted: it sums in its own
+// fixed order).
+//
+// Output y is [M, N] (N = O * H: O = 2 halves for a gated dact, else 1), split into `batches`
+// tensors of mb = M / batches consecutive rows. The kernel walks tiles of 32 rows x kCols columns
+// of H; a tile never straddles a batch (row tiles restart at each batch, the last one may be
+// short), and its O halves are emitted separately at column offsets l * H.
+//
+// Threads: 256 = kTx column lanes x kRL row lanes. A column lane owns 8 consecutive columns (one
+// 16-byte load of a 16-bit dtype, two of float32); a row lane owns R consecutive rows of the tile
+// (R = 4, 2 or 1, so that each thread issues >= 64 bytes of loads before it computes). So a tile
+// is kCols = 64 R columns wide, kRL = 32 / R row lanes tall. Every load of a tile is issued before
+// the first value is computed. Per value: the activation (or its gradient) in float32, rounded to
+// x's dtype (what NO_SCALING outputs; 16-bit values stay packed two per register, and max keys
+// are taken on the packed pairs), then:
+//   amax    integer max of |y|'s bits (NaN above inf), block-reduced, atomicMax per batch;
+//   TENSOR  codes = fmt(y * scale[b]) (8 bytes per lane and row, one store); the colwise
+//           (transposed) layout goes through shared memory: the codes are stored row-major, and
+//           after a barrier each thread gathers 8R bytes down one column and writes them with
+//           16-byte stores to colwise[b][col][row];
+//   MXFP8   rowwise: the 32-element block is 4 adjacent lanes (two xor shuffles of the max key);
+//           colwise: each lane's per-column max over its rows goes to shared memory, one thread
+//           per column block reduces them and computes the block's scale and scaling factors
+//           once, and every lane encodes its rows with its columns' factors; colwise codes keep
+//           the rowwise layout (one store per lane and row);
+//   NVFP4   the same with 16-element blocks (2 lanes rowwise, 16 rows colwise), E4M3 block scales,
+//           E2M1 codes packed two per byte (4 bytes per lane and row);
+//   dbias   (backward) unrounded float32 sums in registers: each thread adds its rows in row order,
+//           tile after tile of its (batch, group); at the end of the group the row lanes' sums
+//           are added in lane order through shared memory and written to workspace[b, g, :]; the
+//           finalize kernel of dact_dbias.cu adds the groups in order. No float atomics.
+// Work items are (column tile, group, batch) = the grid's (x, y, z), one block each (grid-stride
+// where LaunchConfig::max_blocks caps it, or y / z exceed 65535); without dbias a group is one row
+// tile. No 64-bit division in the kernel: with a flat item index, the six divisions that split it
+// cost as much as the tile's own work.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/activations.h"
+#include "common/formats.h"
+#include "common/problem.h"
+#include "cuda/device_utils.cuh"
+#include "cuda/launch.h"
+
+namespace te_jax::cuda {
+
+namespace quant {
+
+enum class Mode { kTensor, kMx, kNvfp4, kAmax };
+
+constexpr int kTileRows = 32;
+
+// Geometry of one instantiation.
+template <typename Spec, typename T, bool kBwd>
+struct Geo {
+  static constexpr int L = Spec::kActLen;          // halves of x
+  static constexpr int O = kBwd ? L : 1;           // halves of y
+  static constexpr int kLoads = L + (kBwd ? 1 : 0);  // 8-element loads per row and lane
+  static constexpr int kBytes = 8 * static_cast<int>(sizeof(T)) * kLoads;
+  static constexpr int R = kBytes >= 64 ? 1 : (kBytes >= 32 ? 2 : 4);  // rows per thread
+  static constexpr int kCols = 64 * R;
+  static constexpr int kTx = 8 * R;
+  static constexpr int kRL = kThreads / kTx;  // = 32 / R
+  static_assert(kRL * R == kTileRows, "row lanes x rows per lane = tile rows");
+};
+
+// Blocks per SM the registers are capped for (the tightest cap that did not spill, GELU_EXACT
+// aside): 4 (<= 64 registers) for the tensor-scaled and amax kernels, 3 (<= 80) for the
+// block-scaled ones, 2 (<= 128) for the gated backward.
+template <typename Spec, typename T, Mode M, bool kBwd>
+constexpr int kMinBlocks = (kBwd && Spec::kGated)                       ? 2
+                           : (M == Mode::kTensor || M == Mode::kAmax) ? 4
+                                                                      : 3;
+
+// The kernel's runtime arguments.
+struct QArgs {
+  const void* x;   // [M, L, H]
+  const void* dz;  // [M, H] (backward)
+  uint64_t H, n, mb, batches;
+  // Per batch: row tiles, and groups (the workspace's; = row tiles without dbias).
+  uint32_t row_tiles, col_tiles, groups;
+  ActParams params;
+  uint8_t* data;         // rowwise codes, or nullptr
+  uint8_t* colwise;      // colwise codes, or nullptr
+  uint8_t* bscale;       // rowwise block scales (MXFP8 / NVFP4)
+  uint8_t* cbscale;      // colwise block scales
+  const float* scale;    // [batches] (TENSOR, NVFP4)
+  float* scale_inv;      // [batches] (TENSOR), or nullptr
+  unsigned* amax;        // [batches] bits of max|y|, or nullptr
+  float* ws;             // dbias partials [batches, groups, n], or nullptr
+  float qmax;            // MXFP8: the format's max
+  bool e5m2;             // FP8 format of TENSOR / MXFP8 codes
+  bool vec_in;           // 16-byte loads (H % 8 == 0, inputs 16-byte aligned)
+  bool vec_out;          // rowwise-layout codes stored 8 (NVFP4: 4) bytes at a time
+  bool vec_t;            // transposed codes stored 8R bytes at a time
+};
+
+// 8 consecutive elements of T as raw 32-bit words.
+template <typename T>
+struct Raw8 {
+  static constexpr int kWords = 2 * static_cast<int>(sizeof(T));
+  uint32_t w[kWords];
+};
+
+// Loads 8 elements at p, of which the first n_ok are valid (the rest read as 0). On the vector
+// path n_ok is 0 or 8 and p is 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, bool vec, int n_ok, Raw8<T>& r) {
+  if (vec) {
+    if (n_ok > 0) {
+      const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+      for (int j = 0; j < Raw8<T>::kWords / 4; ++j) {
+        const uint4 u = __ldg(q + j);
+        r.w[4 * j] = u.x;
+        r.w[4 * j + 1] = u.y;
+        r.w[4 * j + 2] = u.z;
+        r.w[4 * j + 3] = u.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < Raw8<T>::kWords; ++j) r.w[j] = 0u;
+    }
+  } else if constexpr (sizeof(T) == 4) {
+    const unsigned* s = reinterpret_cast<const unsigned*>(p);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.w[k] = k < n_ok ? __ldg(s + k) : 0u;
+  } else {
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const unsigned lo = 2 * k < n_ok ? __ldg(s + 2 * k) : 0u;
+      const unsigned hi = 2 * k + 1 < n_ok ? __ldg(s + 2 * k + 1) : 0u;
+      r.w[k] = lo | (hi << 16);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void to_float8(const Raw8<T>& r, float (&f)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = __uint_as_float(r.w[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 t = std::is_same_v<T, __nv_bfloat16> ? bf16x2_to_float2(r.w[k])
+                                                        : f16x2_to_float2(r.w[k]);
+      f[2 * k] = t.x;
+      f[2 * k + 1] = t.y;
+    }
+  }
+}
+
+__device__ __forceinline__ unsigned abs_key(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+// 8 values of y rounded to T, 0 where invalid; v[k] reads one as float32. 16-bit dtypes hold them
+// packed two per register (they are exact in T), which halves the registers of a tile.
+template <typename T>
+struct V8 {
+  // Max keys: |y| bits compared as integers. 16-bit values are compared two at a time, as the
+  // packed halves of w & 0x7fff7fff (the order of |y| in the 16-bit formats, NaN above inf, as
+  // in float32); to_key turns such a packed max into the float32 key of the larger half.
+  static constexpr int kWords = 4;
+  __device__ __forceinline__ uint32_t abs_word(int j) const { return w[j] & 0x7fff7fffu; }
+  static __device__ __forceinline__ uint32_t pmax(uint32_t a, uint32_t b) { return __vmaxu2(a, b); }
+  static __device__ __forceinline__ uint32_t half_key(uint32_t h) {  // 16 bits -> float32 key
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      return h << 16;
+    } else {
+      return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(h))));
+    }
+  }
+  static __device__ __forceinline__ uint32_t key_lo(uint32_t m) { return half_key(m & 0xffffu); }
+  static __device__ __forceinline__ uint32_t key_hi(uint32_t m) { return half_key(m >> 16); }
+  static __device__ __forceinline__ uint32_t to_key(uint32_t m) {
+    return half_key(max(m & 0xffffu, m >> 16));
+  }
+  uint32_t w[4];
+  // Rounds raw to T; elements k >= n_ok become +0 (a branch: n_ok < 8 only at the edges).
+  __device__ __forceinline__ void set(const float (&raw)[8], int n_ok) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = std::is_same_v<T, __nv_bfloat16> ? float2_to_bf16x2(raw[2 * j], raw[2 * j + 1])
+                                              : float2_to_f16x2(raw[2 * j], raw[2 * j + 1]);
+    }
+    if (n_ok < 8) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        w[j] &= (2 * j < n_ok ? 0x0000ffffu : 0u) | (2 * j + 1 < n_ok ? 0xffff0000u : 0u);
+      }
+    }
+  }
+  // The unpacking is volatile asm so that the compiler re-unpacks at each use instead of keeping
+  // the float32 values live across the emit phases (which doubled the registers and spilled).
+  __device__ __forceinline__ float operator[](int k) const {
+    uint32_t r;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (k & 1) {
+        asm volatile("and.b32 %0, %1, 0xffff0000;" : "=r"(r) : "r"(w[k >> 1]));
+      } else {
+        asm volatile("shl.b32 %0, %1, 16;" : "=r"(r) : "r"(w[k >> 1]));
+      }
+      return __uint_as_float(r);
+    } else {
+      float f;
+      if (k & 1) {
+        asm volatile("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.f32.f16 %0, hi;}"
+                     : "=f"(f) : "r"(w[k >> 1]));
+      } else {
+        asm volatile("{.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.f32.f16 %0, lo;}"
+                     : "=f"(f) : "r"(w[k >> 1]));
+      }
+      return f;
+    }
+  }
+};
+
+template <>
+struct V8<float> {
+  static constexpr int kWords = 8;
+  __device__ __forceinline__ uint32_t abs_word(int j) const {
+    return __float_as_uint(f[j]) & 0x7fffffffu;
+  }
+  static __device__ __forceinline__ uint32_t pmax(uint32_t a, uint32_t b) { return max(a, b); }
+  static __device__ __forceinline__ uint32_t to_key(uint32_t m) { return m; }
+  float f[8];
+  __device__ __forceinline__ void set(const float (&raw)[8], int n_ok) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = raw[k];
+    if (n_ok < 8) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f[k] = k < n_ok ? f[k] : 0.0f;
+    }
+  }
+  __device__ __forceinline__ float operator[](int k) const { return f[k]; }
+};
+
+// The packed max of |v| over the 8 values (V8::to_key gives the float32 key).
+template <typename T>
+__device__ __forceinline__ uint32_t pmax8(const V8<T>& v) {
+  uint32_t m = v.abs_word(0);
+#pragma unroll
+  for (int j = 1; j < V8<T>::kWords; ++j) m = V8<T>::pmax(m, v.abs_word(j));
+  return m;
+}
+
+// 8 codes of fmt(q[k]), little-endian in two words, the bits of fmt::to_e4m3x2 / to_e5m2x2. Those
+// patch the NaN code of every element after the hardware conversion (a compare and a select
+// each); here the hardware conversion runs alone, and the warp takes formats.h's functions only
+// when one of its lanes holds a NaN. Every lane of the warp must call it.
+__device__ __forceinline__ uint2 fp8_codes(bool e5m2, const float (&q)[8]) {
+  uint32_t c[4];
+  bool nan = false;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) nan |= q[k] != q[k];
+  if (__any_sync(0xffffffffu, nan)) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      c[k] = e5m2 ? fmt::to_e5m2x2(q[2 * k], q[2 * k + 1]) : fmt::to_e4m3x2(q[2 * k], q[2 * k + 1]);
+    }
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    const __nv_fp8_interpretation_t f = e5m2 ? __NV_E5M2 : __NV_E4M3;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      c[k] = __nv_cvt_float2_to_fp8x2(make_float2(q[2 * k], q[2 * k + 1]), __NV_SATFINITE, f);
+    }
+#else
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      c[k] = e5m2 ? fmt::to_e5m2x2(q[2 * k], q[2 * k + 1]) : fmt::to_e4m3x2(q[2 * k], q[2 * k + 1]);
+    }
+#endif
+  }
+  return make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+}
+
+// 8 codes of fmt(v[k] * s).
+template <typename V>
+__device__ __forceinline__ uint2 tensor_codes(bool e5m2, const V& v, float s) {
+  float q[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) q[k] = __fmul_rn(v[k], s);
+  return fp8_codes(e5m2, q);
+}
+
+// The MXFP8 scaling of one block (exponent e = e8m0_exponent(amax, Q), k = -e in [-128, 127]):
+// the CPU's `nan ? amax : fmt::mul_pow2(y, k)` (a block whose amax is NaN has NaN codes), bit for
+// bit, with per-block factors and no branch:
+//   y normal, zero, inf or NaN: mul_pow2 is (y * 2^floor(k/2)) * 2^(k - floor(k/2)); the same here.
+//   y subnormal (m * 2^-149, 0 < m < 2^23): mul_pow2 is m * 2^(k-149) correctly rounded (one
+//   rounding: float(m) * 2^floor(n/2) is exact and normal), or 0 with y's sign where n = k - 149
+//   < -252. Here y * 2^24 = m * 2^-125 is exact and normal, and * 2^(k-24) rounds once: the same
+//   value; for k - 24 < -126 the factor 2^-126 gives 0 with y's sign, as does mul_pow2 (the
+//   exact result is below 2^-229 there).
+struct MxScale {
+  int k;
+  float p1, p2, p2_sub, nan;  // nan: the block's amax when it is NaN, else 0
+  __device__ __forceinline__ MxScale(float4 f) : k(0), p1(f.x), p2(f.y), p2_sub(f.z), nan(f.w) {}
+  __device__ __forceinline__ float4 factors() const { return make_float4(p1, p2, p2_sub, nan); }
+  __device__ __forceinline__ MxScale(unsigned key, float qmax) {
+    const float amax = __uint_as_float(key);
+    k = -fmt::e8m0_exponent(amax, qmax);
+    const int k1 = k >> 1;
+    p1 = fmt::detail::pow2(k1);
+    p2 = fmt::detail::pow2(k - k1);
+    p2_sub = fmt::detail::pow2(max(k - 24, -126));
+    nan = amax != amax ? amax : 0.0f;
+  }
+  __device__ __forceinline__ float operator()(float y) const {
+    const bool sub = (abs_key(y) - 1u) < 0x7fffffu;  // nonzero subnormal
+    const float r = __fmul_rn(__fmul_rn(y, sub ? 0x1p24f : p1), sub ? p2_sub : p2);
+    return nan != nan ? nan : r;
+  }
+};
+
+// NVFP4 block scale (E4M3 code) of a block with max |y| = amax under global scale s, and the
+// E2M1 code of y in a block whose scale decodes to bs (0 where bs is 0). IEEE operations, in
+// the CPU's order.
+__device__ __forceinline__ uint8_t nvfp4_scale(unsigned key, float s) {
+  return fmt::to_e4m3(__fmul_rn(__fdiv_rn(__uint_as_float(key), 6.0f), s));
+}
+__device__ __forceinline__ uint32_t nvfp4_code(float y, float s, float bs) {
+  const uint32_t c = fmt::to_e2m1(__fdiv_rn(__fmul_rn(y, s), bs));
+  return bs == 0.0f ? 0u : c;
+}
+// 8 values -> 4 bytes (two codes per byte, first in the low nibble), little-endian.
+template <typename V>
+__device__ __forceinline__ uint32_t nvfp4_codes(const V& v, float s, const float (&bs)[8]) {
+  uint32_t w = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) w |= nvfp4_code(v[k], s, bs[k]) << (4 * k);
+  return w;
+}
+
+// Stores 8 codes (one byte each) at p: one 8-byte store on the vector path, else the first n_ok.
+__device__ __forceinline__ void store_codes8(uint8_t* p, uint2 c, bool vec, int n_ok) {
+  if (vec) {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(c.x), "r"(c.y) : "memory");
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (k < n_ok) p[k] = static_cast<uint8_t>((k < 4 ? c.x : c.y) >> (8 * (k & 3)));
+    }
+  }
+}
+
+// Stores 8 E2M1 codes packed in 4 bytes at p (vector: one 4-byte store; else the bytes whose
+// first code is among the first n_ok).
+__device__ __forceinline__ void store_fp4x8(uint8_t* p, uint32_t w, bool vec, int n_ok) {
+  if (vec) {
+    asm volatile("st.global.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (2 * k < n_ok) p[k] = static_cast<uint8_t>(w >> (8 * k));
+    }
+  }
+}
+
+// A 16-byte shared-memory load that the compiler keeps where it is written (volatile asm): left
+// free, it hoisted all of a lane's per-column factors at once (32 registers) and spilled.
+__device__ __forceinline__ float4 lds_f4(const float4* p) {
+  float4 r;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+  return r;
+}
+
+// Block-wide max of m, then one atomicMax into *out (skipped when 0). Every thread calls it.
+__device__ __forceinline__ void commit_amax(unsigned m, unsigned* out, unsigned* warp_max) {
+  m = __reduce_max_sync(0xffffffffu, m);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < kWarps ? warp_max[lane] : 0u;
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0 && m != 0u) atomicMax(out, m);
+  }
+  __syncthreads();  // warp_max may be reused
+}
+
+template <typename Spec, typename T, Mode M, bool kBwd>
+struct Smem {
+  using G = Geo<Spec, T, kBwd>;
+  static constexpr bool kColBlocks = M == Mode::kMx || M == Mode::kNvfp4;
+  static constexpr int kNblk = M == Mode::kNvfp4 ? 2 : 1;
+  // Region A: TENSOR: transposed codes [O][32][kCols] bytes; MX/NVFP4: per-lane column keys
+  // [O][kRL][kCols] u32. dbias partials [O][kRL][kCols] f32 alias it (used after a barrier).
+  static constexpr size_t kTensorBytes =
+      M == Mode::kTensor ? size_t{G::O} * kTileRows * G::kCols : 0;
+  static constexpr size_t kRedBytes = kColBlocks ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
+  static constexpr size_t kPartBytes = kBwd ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
+  static constexpr size_t kA = std::max({kTensorBytes, kRedBytes, kPartBytes, size_t{16}});
+  // Region B: per column block [O][kNblk][kCols]: MX: the scaling factors (MxScale::factors,
+  // float4); NVFP4: the decoded E4M3 block scale (float).
+  static constexpr size_t kB =
+      M == Mode::kMx ? size_t{G::O} * G::kCols * 16
+                     : (M == Mode::kNvfp4 ? size_t{G::O} * 2 * G::kCols * 4 : 16);
+};
+
+template <typename Spec, typename T, Mode M, bool kBwd>
+__global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
+    quant_kernel(const QArgs a) {
+  using G = Geo<Spec, T, kBwd>;
+  using S = Smem<Spec, T, M, kBwd>;
+  constexpr int L = G::L, O = G::O, R = G::R, kCols = G::kCols, kTx = G::kTx, kRL = G::kRL;
+  constexpr int kNblk = S::kNblk;
+  __shared__ alignas(16) unsigned char smem_a[S::kA];
+  __shared__ alignas(16) unsigned char smem_b[S::kB];
+  __shared__ unsigned warp_max[kWarps];
+
+  const int tid = threadIdx.x;
+  const int tx = tid % kTx, ty = tid / kTx;
+  const uint64_t H = a.H, n = a.n, mb = a.mb;
+  const T* x = static_cast<const T*>(a.x);
+  const T* dz = static_cast<const T*>(a.dz);
+  const bool rowwise = a.data != nullptr, colwise = a.colwise != nullptr;
+
+  if constexpr (M == Mode::kTensor) {
+    if (a.scale_inv != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+      for (uint64_t b = tid; b < a.batches; b += kThreads) {
+        a.scale_inv[b] = __fdiv_rn(1.0f, a.scale[b]);
+      }
+    }
+  }
+
+  // Work items (column tile x, group y, batch z), grid-strided in each dimension (the grid is
+  // (col_tiles, groups, batches) unless capped).
+  for (uint32_t b = blockIdx.z; b < a.batches; b += gridDim.z)
+  for (uint32_t g = blockIdx.y; g < a.groups; g += gridDim.y)
+  for (uint32_t ct = blockIdx.x; ct < a.col_tiles; ct += gridDim.x) {
+    uint32_t t_begin = g, t_end = g + 1;  // without dbias a group is one row tile
+    if (a.ws != nullptr) {
+      t_begin = static_cast<uint32_t>(uint64_t{g} * a.row_tiles / a.groups);
+      t_end = static_cast<uint32_t>(uint64_t{g + 1} * a.row_tiles / a.groups);
+    }
+    const uint64_t tile_c0 = uint64_t{ct} * kCols;
+    const uint64_t c0 = tile_c0 + static_cast<uint64_t>(tx) * 8;  // this lane's first column
+    const int ncol = c0 < H ? static_cast<int>(std::min<uint64_t>(8, H - c0)) : 0;
+    float s = 0.0f;
+    if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) s = a.scale[b];
+    uint32_t amax_p = 0;  // packed max of |y| (V8::to_key)
+    float acc[O][8];
+#pragma unroll
+    for (int l = 0; l < O; ++l)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[l][k] = 0.0f;
+
+    for (uint32_t rt = t_begin; rt < t_end; ++rt) {
+      const uint64_t r0 = b * mb + uint64_t{rt} * kTileRows;  // the tile's first row
+      const int nr = static_cast<int>(std::min<uint64_t>(kTileRows, mb - uint64_t{rt} * kTileRows));
+      int nok[R];
+      // This thread's first row, and the element offsets of (row, c0) in x / dz and in y; the
+      // R rows follow at constant strides (one 64-bit multiply per array and tile).
+      const uint64_t row0 = r0 + static_cast<uint64_t>(ty) * R;
+      const uint64_t y_off = row0 * n + c0;
+      // ---- loads: all of the tile's, then compute ----
+      Raw8<T> in[R][G::kLoads];
+      {
+        const T* xr = x + row0 * (L * H) + c0;
+        [[maybe_unused]] const T* zr = dz + row0 * H + c0;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          nok[i] = ty * R + i < nr ? ncol : 0;
+          if constexpr (kBwd) load8(zr + i * H, a.vec_in, nok[i], in[i][0]);
+          load8(xr + i * (L * H), a.vec_in, nok[i], in[i][kBwd ? 1 : 0]);
+          if constexpr (L == 2) load8(xr + i * (L * H) + H, a.vec_in, nok[i], in[i][kBwd ? 2 : 1]);
+        }
+      }
+      V8<T> v[R][O];  // y rounded to T (0 where invalid)
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        float fa[8], fb[8], fg[8], raw[O][8];
+        if constexpr (kBwd) to_float8(in[i][0], fg);
+        to_float8(in[i][kBwd ? 1 : 0], fa);
+        if constexpr (L == 2) to_float8(in[i][kBwd ? 2 : 1], fb);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float bk = L == 2 ? fb[k] : 0.0f;
+          if constexpr (!kBwd) {
+            raw[0][k] = act_forward<Spec>(fa[k], bk, a.params);
+          } else {
+            float da, db;
+            act_backward<Spec>(fg[k], fa[k], bk, a.params, da, db);
+            raw[0][k] = da;
+            if constexpr (O == 2) raw[O - 1][k] = db;
+          }
+        }
+#pragma unroll
+        for (int l = 0; l < O; ++l) {
+          v[i][l].set(raw[l], nok[i]);
+          amax_p = V8<T>::pmax(amax_p, pmax8(v[i][l]));
+          // dbias: masked elements come from zero inputs (dz = 0), whose gradients are +-0 for
+          // every activation, and adding +-0 leaves the sum (never -0: it starts at +0) as it is.
+          if constexpr (kBwd) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) acc[l][k] += raw[l][k];
+          }
+        }
+      }
+
+      // ---- emit ----
+      if constexpr (M == Mode::kTensor) {
+        auto& tcodes = *reinterpret_cast<uint8_t(*)[O][kTileRows][kCols]>(smem_a);
+#pragma unroll
+        for (int l = 0; l < O; ++l) {
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+            const int ri = ty * R + i;
+            const uint2 c = tensor_codes(a.e5m2, v[i][l], s);
+            if (rowwise && nok[i] > 0) {
+              store_codes8(a.data + y_off + i * n + l * H, c, a.vec_out, nok[i]);
+            }
+            if (colwise) *reinterpret_cast<uint2*>(&tcodes[l][ri][tx * 8]) = c;
+          }
+        }
+        if (colwise) {
+          __syncthreads();
+          constexpr int kChunks = kThreads / kCols;          // 4 / R
+          constexpr int kChunkRows = kTileRows / kChunks;    // 8 R
+          const int tc = tid % kCols, ch = tid / kCols;
+          const int rb = ch * kChunkRows;
+          const uint64_t col = tile_c0 + tc;
+          if (col < H && rb < nr) {
+#pragma unroll
+            for (int l = 0; l < O; ++l) {
+              uint8_t* dst = a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
+              if (a.vec_t) {  // the chunk is whole (mb % kChunkRows == 0)
+                uint32_t w[kChunkRows / 4];
+#pragma unroll
+                for (int j = 0; j < kChunkRows / 4; ++j) {
+                  w[j] = static_cast<uint32_t>(tcodes[l][rb + 4 * j][tc]) |
+                         (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 1][tc]) << 8) |
+                         (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 2][tc]) << 16) |
+                         (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 3][tc]) << 24);
+                }
+                if constexpr (kChunkRows == 8) {
+                  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(w[0]), "r"(w[1])
+                               : "memory");
+                } else {
+#pragma unroll
+                  for (int j = 0; j < kChunkRows / 16; ++j) {
+                    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 16 * j),
+                                 "r"(w[4 * j]), "r"(w[4 * j + 1]), "r"(w[4 * j + 2]),
+                                 "r"(w[4 * j + 3])
+                                 : "memory");
+                  }
+                }
+              } else {
+                const int m = min(kChunkRows, nr - rb);
+                for (int j = 0; j < m; ++j) dst[j] = tcodes[l][rb + j][tc];
+              }
+            }
+          }
+          __syncthreads();  // tcodes is rewritten by the next tile
+        }
+      } else if constexpr (M == Mode::kMx || M == Mode::kNvfp4) {
+        constexpr int kGroupLanes = M == Mode::kMx ? 4 : 2;  // lanes per rowwise block
+        if (rowwise) {
+          // The block maxima of all rows first (the shuffles' latencies overlap), then one row at
+          // a time.
+          unsigned keys[O][R];
+#pragma unroll
+          for (int l = 0; l < O; ++l) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+              keys[l][i] = V8<T>::to_key(pmax8(v[i][l]));
+            }
+          }
+#pragma unroll
+          for (int l = 0; l < O; ++l) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+              unsigned key = keys[l][i];
+              key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
+              if constexpr (kGroupLanes == 4) key = max(key, __shfl_xor_sync(0xffffffffu, key, 2));
+              keys[l][i] = key;
+            }
+          }
+#pragma unroll
+          for (int l = 0; l < O; ++l) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+              const uint64_t row = row0 + i;
+              const unsigned key = keys[l][i];
+              const bool lead = (tx & (kGroupLanes - 1)) == 0;
+              if constexpr (M == Mode::kMx) {
+                const MxScale sc(key, a.qmax);
+                if (nok[i] > 0 && lead) {
+                  a.bscale[row * (n / 32) + (l * H + c0) / 32] =
+                      static_cast<uint8_t>(-sc.k + 127);
+                }
+                float q[8];
+#pragma unroll
+                for (int k = 0; k < 8; ++k) q[k] = sc(v[i][l][k]);
+                const uint2 c = fp8_codes(a.e5m2, q);
+                if (nok[i] > 0) store_codes8(a.data + y_off + i * n + l * H, c, a.vec_out, nok[i]);
+              } else {
+                const uint8_t code = nvfp4_scale(key, s);
+                if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
+                float bs[8];
+                const float bsv = fmt::from_e4m3(code);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) bs[k] = bsv;
+                if (nok[i] > 0) {
+                  store_fp4x8(a.data + (y_off + i * n + l * H) / 2, nvfp4_codes(v[i][l], s, bs),
+                              a.vec_out, nok[i]);
+                }
+              }
+            }
+          }
+        }
+        if (colwise) {
+          auto& red = *reinterpret_cast<unsigned(*)[O][kRL][kCols]>(smem_a);
+          auto& mx_f = *reinterpret_cast<float4(*)[O][kCols]>(smem_b);
+          auto& fp4_bs = *reinterpret_cast<float(*)[O][kNblk][kCols]>(smem_b);
+          // Per-lane column maxima over the lane's R rows (all in one column block: R | 16).
+#pragma unroll
+          for (int l = 0; l < O; ++l) {
+            unsigned ck[8];
+            if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+              for (int k = 0; k < 8; ++k) {
+                ck[k] = v[0][l].abs_word(k);
+#pragma unroll
+                for (int i = 1; i < R; ++i) ck[k] = max(ck[k], v[i][l].abs_word(k));
+              }
+            } else {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                uint32_t m = v[0][l].abs_word(j);
+#pragma unroll
+                for (int i = 1; i < R; ++i) m = V8<T>::pmax(m, v[i][l].abs_word(j));
+                ck[2 * j] = V8<T>::key_lo(m);
+                ck[2 * j + 1] = V8<T>::key_hi(m);
+              }
+            }
+            uint4* dst = reinterpret_cast<uint4*>(&red[l][ty][tx * 8]);
+            dst[0] = make_uint4(ck[0], ck[1], ck[2], ck[3]);
+            dst[1] = make_uint4(ck[4], ck[5], ck[6], ck[7]);
+          }
+          __syncthreads();
+          // Column block maxima (and the colwise block scales) by O * kNblk * kCols threads.
+          constexpr int kLanesPerBlk = kRL / kNblk;
+          for (int e = tid; e < O * kNblk * kCols; e += kThreads) {
+            const int l = e / (kNblk * kCols), blk = (e / kCols) % kNblk, c = e % kCols;
+            unsigned m = 0;
+#pragma unroll
+            for (int t = 0; t < kLanesPerBlk; ++t) m = max(m, red[l][blk * kLanesPerBlk + t][c]);
+            const uint64_t col = tile_c0 + c;
+            const bool out = col < H && blk * 16 < nr;
+            if constexpr (M == Mode::kMx) {
+              const MxScale sc(m, a.qmax);
+              mx_f[l][c] = sc.factors();
+              if (out) a.cbscale[(r0 / 32) * n + l * H + col] = static_cast<uint8_t>(127 - sc.k);
+            } else {
+              const uint8_t code = nvfp4_scale(m, s);
+              fp4_bs[l][blk][c] = fmt::from_e4m3(code);
+              if (out) a.cbscale[((r0 + 16 * blk) / 16) * n + l * H + col] = code;
+            }
+          }
+          __syncthreads();
+          [[maybe_unused]] const int blk = kNblk == 2 ? (ty * R) / 16 : 0;
+#pragma unroll
+          for (int l = 0; l < O; ++l) {
+            if constexpr (M == Mode::kMx) {
+              // Column pairs outer, rows inner: two columns' scales live at a time; the scaled
+              // values of a row are kept (float) until its 8 are ready.
+              float q[R][8];
+#pragma unroll
+              for (int kk = 0; kk < 4; ++kk) {
+                const MxScale s0(lds_f4(&mx_f[l][tx * 8 + 2 * kk])),
+                    s1(lds_f4(&mx_f[l][tx * 8 + 2 * kk + 1]));
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                  q[i][2 * kk] = s0(v[i][l][2 * kk]);
+                  q[i][2 * kk + 1] = s1(v[i][l][2 * kk + 1]);
+                }
+              }
+#pragma unroll
+              for (int i = 0; i < R; ++i) {
+                const uint2 c = fp8_codes(a.e5m2, q[i]);
+                if (nok[i] > 0) {
+                  store_codes8(a.colwise + y_off + i * n + l * H, c, a.vec_out,
+                               nok[i]);
+                }
+              }
+            } else {
+              const float4* src = reinterpret_cast<const float4*>(&fp4_bs[l][blk][tx * 8]);
+              const float4 u0 = src[0], u1 = src[1];
+              const float bs[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+              for (int i = 0; i < R; ++i) {
+                if (nok[i] > 0) {
+                  store_fp4x8(a.colwise + (y_off + i * n + l * H) / 2,
+                              nvfp4_codes(v[i][l], s, bs), a.vec_out, nok[i]);
+                }
+              }
+            }
+          }
+          // red and the factors: the next tile writes red only after every thread passed the
+          // barrier above (so the reads of red are done), and the factors after its own first.
+        }
+      }
+    }
+
+    // ---- end of the item: amax, dbias partial ----
+    if (a.amax != nullptr) commit_amax(V8<T>::to_key(amax_p), a.amax + b, warp_max);
+    if constexpr (kBwd) {
+      if (a.ws != nullptr) {
+        auto& part = *reinterpret_cast<float(*)[O][kRL][kCols]>(smem_a);
+        __syncthreads();  // smem_a may hold the last tile's codes / keys
+#pragma unroll
+        for (int l = 0; l < O; ++l) {
+          float4* dst = reinterpret_cast<float4*>(&part[l][ty][tx * 8]);
+          dst[0] = make_float4(acc[l][0], acc[l][1], acc[l][2], acc[l][3]);
+          dst[1] = make_float4(acc[l][4], acc[l][5], acc[l][6], acc[l][7]);
+        }
+        __syncthreads();
+        float* wrow = a.ws + (uint64_t{b} * a.groups + g) * n;
+        for (int e = tid; e < O * kCols; e += kThreads) {
+          const int l = e / kCols, c = e % kCols;
+          float sum = part[l][0][c];
+#pragma unroll
+          for (int t = 1; t < kRL; ++t) sum += part[l][t][c];
+          if (tile_c0 + c < H) wrow[l * H + tile_c0 + c] = sum;
+        }
+        __syncthreads();
+      }
+    }
+  }
+}
+
+// ---- host launcher ----------------------------------------------------------------------------
+
+// Everything launch_quantized needs, from either problem.
+struct QCall {
+  const void* x;
+  const void* dz;
+  int64_t rows, hidden;
+  ActParams params;
+  const QuantOutput* q;
+  float* ws;        // dbias workspace, or nullptr
+  void* dbias;      // dbias output, or nullptr
+  int64_t groups;   // dbias groups (when ws)
+  DType dtype;
+};
+
+template <typename T>
+constexpr DType kDTypeOf = std::is_same_v<T, float>           ? DType::F32
+                           : std::is_same_v<T, __nv_bfloat16> ? DType::BF16
+                                                              : DType::F16;
+
+template <typename Spec, typename T, Mode M, bool kBwd>
+cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchConfig& cfg) {
+  using G = Geo<Spec, T, kBwd>;
+  auto* const kernel = &quant_kernel<Spec, T, M, kBwd>;
+  const QuantOutput& q = *c.q;
+  if (cfg.load_only) {
+    if (cudaError_t e = load_kernel(kernel); e != cudaSuccess) return e;
+    if (c.dbias != nullptr) {
+      return launch_dbias_finalize(nullptr, nullptr, kDTypeOf<T>, 0, 0, 0, stream, true);
+    }
+    return cudaSuccess;
+  }
+  const uint64_t batches = static_cast<uint64_t>(q.batches);
+  if (q.amax != nullptr) {
+    if (cudaError_t e = cudaMemsetAsync(q.amax, 0, batches * sizeof(float), stream);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  const uint64_t H = static_cast<uint64_t>(c.hidden), M_ = static_cast<uint64_t>(c.rows);
+  if (M == Mode::kNvfp4 && (H % 2) != 0 && (q.data != nullptr || q.colwise != nullptr)) {
+    return cudaErrorInvalidValue;  // two codes per byte need an even row length
+  }
+  QArgs a{};
+  a.x = c.x;
+  a.dz = c.dz;
+  a.H = H;
+  a.n = G::O * H;
+  a.batches = batches;
+  a.mb = M_ / batches;
+  const uint64_t row_tiles = (a.mb + kTileRows - 1) / kTileRows;
+  const uint64_t col_tiles = (H + G::kCols - 1) / G::kCols;
+  const uint64_t groups = c.ws != nullptr ? static_cast<uint64_t>(c.groups) : row_tiles;
+  if (row_tiles > 0x7fffffff || col_tiles > 0x7fffffff || groups > 0x7fffffff ||
+      batches > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  a.row_tiles = static_cast<uint32_t>(row_tiles);
+  a.col_tiles = static_cast<uint32_t>(col_tiles);
+  a.groups = static_cast<uint32_t>(groups);
+  const uint64_t items = col_tiles * groups * batches;
+  a.params = c.params;
+  a.data = q.data;
+  a.colwise = q.colwise;
+  a.bscale = q.block_scale;
+  a.cbscale = q.colwise_block_scale;
+  a.scale = q.scale;
+  a.scale_inv = q.scale_inv;
+  a.amax = reinterpret_cast<unsigned*>(q.amax);
+  a.ws = c.ws;
+  a.qmax = q.qtype == QType::E5M2 ? fmt::E5M2::kMax : fmt::E4M3::kMax;
+  a.e5m2 = q.qtype == QType::E5M2;
+  a.vec_in = H % 8 == 0 && aligned16(c.x) && (!kBwd || aligned16(c.dz));
+  const auto aligned = [](const void* p, uintptr_t k) {
+    return (reinterpret_cast<uintptr_t>(p) % k) == 0;
+  };
+  const uintptr_t out_align = M == Mode::kNvfp4 ? 4 : 8;
+  a.vec_out = H % 8 == 0 && aligned(q.data, out_align) &&
+              (M == Mode::kTensor || aligned(q.colwise, out_align));
+  constexpr int kChunkRows = 8 * G::R;
+  a.vec_t = a.mb % kChunkRows == 0 && aligned(q.colwise, 16);
+
+  const bool scale_inv = M == Mode::kTensor && q.scale_inv != nullptr;
+  if (items == 0 && !scale_inv) return cudaSuccess;
+  // One block per item; LaunchConfig::max_blocks (tests) caps the grid, x first.
+  const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
+  const uint64_t gx = std::clamp<uint64_t>(col_tiles, 1, std::min<uint64_t>(cap, 0x7fffffff));
+  const uint64_t gy = std::clamp<uint64_t>(groups, 1, std::min<uint64_t>(cap / gx, 65535));
+  const uint64_t gz = std::clamp<uint64_t>(batches, 1, std::min<uint64_t>(cap / (gx * gy), 65535));
+  const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz));
+  kernel<<<grid, kThreads, 0, stream>>>(a);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (c.dbias != nullptr && a.n > 0) {
+    return launch_dbias_finalize(c.ws, c.dbias, kDTypeOf<T>, a.n, groups, batches, stream, false);
+  }
+  return cudaSuccess;
+}
+
+// Dispatch over activation and dtype for one mode. The backward skips IDENTITY (no op uses it).
+template <Mode M>
+cudaError_t dispatch_forward(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
+  const QCall c{p.x, nullptr, p.rows, p.hidden, p.params, &p.q, nullptr, nullptr, 0, p.dtype};
+  cudaError_t err = cudaErrorInvalidValue;
+  with_activation(p.act, [&](auto spec) {
+    using Spec = decltype(spec);
+    switch (p.dtype) {
+      case DType::F32: err = launch_quantized<Spec, float, M, false>(c, stream, cfg); break;
+      case DType::BF16:
+        err = launch_quantized<Spec, __nv_bfloat16, M, false>(c, stream, cfg);
+        break;
+      case DType::F16: err = launch_quantized<Spec, __half, M, false>(c, stream, cfg); break;
+    }
+  });
+  return err;
+}
+
+template <Mode M>
+cudaError_t dispatch_backward(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
+  const QCall c{p.x,    p.dz,    p.rows,        p.hidden, p.params, &p.q,
+                p.dbias != nullptr ? p.workspace : nullptr, p.dbias, p.groups, p.dtype};
+  cudaError_t err = cudaErrorInvalidValue;
+  with_activation(p.act, [&](auto spec) {
+    using Spec = decltype(spec);
+    if constexpr (!Spec::kGated && std::is_same_v<typename Spec::Act, act::Identity>) {
+      err = cudaErrorInvalidValue;
+    } else {
+      switch (p.dtype) {
+        case DType::F32: err = launch_quantized<Spec, float, M, true>(c, stream, cfg); break;
+        case DType::BF16:
+          err = launch_quantized<Spec, __nv_bfloat16, M, true>(c, stream, cfg);
+          break;
+        case DType::F16: err = launch_quantized<Spec, __half, M, true>(c, stream, cfg); break;
+      }
+    }
+  });
+  return err;
+}
+
+}  // namespace quant
+}  // namespace te_jax::cuda
