@@ -225,16 +225,31 @@ def _significand(m):
     return from_bits((m & _FRAC_I).astype(_U32) | _ONE_BITS)
 
 
-def true_divide(a, b) -> jax.Array:
-    """``a / b`` rounded once, for normal float32 operands and results.
+def _significand_quotient(ma, mb):
+    """``rne(ma / mb)`` for int32 significands in ``[2^23, 2^24)``, as ``(M, e)``: the quotient is
+    ``M · 2^(e-23)`` with ``M`` in ``[2^23, 2^24)``, ``e`` in ``{-1, 0}``.
 
-    XLA's algebraic simplifier rewrites a division by a broadcast value (a scalar, a constant,
-    a per-block scale) into a multiplication by its reciprocal, which rounds twice: on XLA:CPU a
-    third of ``x / 6`` come out one ulp off. Selecting the divisor per element (1 where ``a`` is
-    NaN, where the quotient is NaN either way) stops the rewrite without changing any result.
+    Integer long division, 24 quotient bits and the remainder for the rounding: no float division
+    at all, because no backend's is reliable here: XLA rewrites a division by a broadcast value
+    into a multiplication by the reciprocal (rounding twice: a third of ``x / 6`` are an ulp off
+    on XLA:CPU), and XLA:GPU's float32 division is not correctly rounded (``div.full.f32``).
     """
-    a, b = jnp.broadcast_arrays(a, b)
-    return a / jnp.where(jnp.isnan(a), jnp.float32(1.0), b)
+    lt = ma < mb
+    r = jnp.where(lt, ma << 1, ma)  # in [mb, 2 mb), < 2^25
+    e = jnp.where(lt, -1, 0)
+    q = jnp.zeros_like(ma)
+    for _ in range(24):
+        bit = r >= mb
+        q = (q << 1) | bit.astype(_I32)
+        r = (r - jnp.where(bit, mb, 0)) << 1  # twice the remainder, < 2^26
+    q = q + ((r > mb) | ((r == mb) & ((q & 1) == 1))).astype(_I32)  # ties to even
+    carry = q >> 24  # rounded up to 2^24
+    return jnp.where(carry == 1, _HIDDEN_I, q), e + carry
+
+
+def true_divide(a, b) -> jax.Array:
+    """``a / b`` rounded once, on every backend (an alias of ``div``, kept for the name)."""
+    return div(a, b)
 
 
 def _special(sign, nan, inf):
@@ -291,7 +306,7 @@ def div_by_int(x, c: int) -> jax.Array:
     q, r = n // c, n % c
     q = q + ((2 * r > c) | ((2 * r == c) & ((q & 1) == 1))).astype(_I32)
     small = from_bits((u & _SIGN) | q.astype(_U32))
-    return jnp.where(tiny, small, true_divide(x, np.float32(c)))
+    return jnp.where(tiny, small, div(x, np.float32(c)))
 
 
 def _mul_24x24(a, b):
@@ -323,7 +338,7 @@ def div(a, b) -> jax.Array:
     pa, pb = _operand_parts(a), _operand_parts(b)
     ma, mb = pa.m, pb.m
     sign = pa.sign ^ pb.sign
-    mq, eq = _normal_parts(true_divide(_significand(ma), _significand(mb)))  # in (0.5, 2)
+    mq, eq = _significand_quotient(ma, mb)  # ma / mb in (0.5, 2), rounded once
     e = eq + pa.e - pb.e
     normal = _compose(sign, mq, e)
 

@@ -276,8 +276,8 @@ class DelayedScaleQuantizer(Quantizer):
             )
         hist = hist.at[0].set(amax.reshape(()))
         a = hist[0] if self.amax_compute_algo == "most_recent" else ieee.reduce_max(hist)
-        # Q / a natively: exact for normal a; a subnormal a gives inf both ways (Q >= 6).
-        new_scale = ieee.ldexp(np.float32(self.q_max) / a, -self.margin)
+        # ieee.div: XLA's native division is not correctly rounded on every backend.
+        new_scale = ieee.ldexp(ieee.div(np.float32(self.q_max), a), -self.margin)
         keep = ~(ieee.is_positive(a) & jnp.isfinite(a) & jnp.isfinite(new_scale))
         scale = jnp.where(keep, self.scale, new_scale).astype(jnp.float32)
         hist = jnp.roll(hist, -1).at[0].set(0.0)

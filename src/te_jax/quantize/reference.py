@@ -77,14 +77,11 @@ def amax(y: jax.Array) -> jax.Array:
 def _scale_from(amax_: jax.Array, numerator: float) -> jax.Array:
     """``numerator / amax``; 1 when amax is 0; float32 max when the quotient overflows.
 
-    A native division is exact here whatever the denormal mode, for a numerator >= 6: with a
-    normal amax the quotient (>= 6 / 3.4e38) is normal; a subnormal amax gives inf both in IEEE
-    (6 / 2^-126 > float32 max) and when it is read as zero. Only the zero test needs ``ieee``.
-    Keeping this cheap matters: the scale feeds every element, and XLA inlines its computation
-    into each consumer.
+    ``ieee.div``: XLA's native division is not correctly rounded on every backend (XLA:GPU's
+    is ``div.full.f32``); an amax too small for the quotient gives inf, then float32 max.
     """
     amax_ = jnp.asarray(amax_, jnp.float32)
-    s = np.float32(numerator) / amax_
+    s = ieee.div(np.float32(numerator), amax_)  # a native division is not exact on every backend
     s = jnp.where(jnp.isinf(s), _F32_MAX, s)  # amax tiny or subnormal: Q/amax overflows
     return jnp.where(ieee.is_zero(amax_), jnp.float32(1.0), s)
 
