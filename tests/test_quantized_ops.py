@@ -13,10 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ACTS, make_dz, make_x, te_jax_custom_calls
 
 import te_jax
-from te_jax.quantize import reference as qref
+from helpers import ACTS, make_dz, make_x, te_jax_custom_calls
 from te_jax.quantize import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
@@ -93,7 +92,13 @@ def _flat(st, m, n):
             out[f] = None if a is None else _bits(a)
             continue
         b = _bits(a)
-        out[f] = b.reshape(-1, m) if (f == "colwise_data" and st.scaling_mode.is_tensor_scaling) else b.reshape(m, -1) if f in ("data", "colwise_data", "scale_inv") else b.reshape(-1, n)
+        out[f] = (
+            b.reshape(-1, m)
+            if (f == "colwise_data" and st.scaling_mode.is_tensor_scaling)
+            else b.reshape(m, -1)
+            if f in ("data", "colwise_data", "scale_inv")
+            else b.reshape(-1, n)
+        )
     return out
 
 
@@ -136,8 +141,10 @@ def test_fused_equals_quantize_of_the_op(op, mode, q_dtype, layout, dtype, rng):
                 np.testing.assert_array_equal(got[k], want[k], err_msg=f"{act.alias} {k}")
         if dbias is not None:
             np.testing.assert_allclose(
-                np.asarray(fused_dbias, np.float32), np.asarray(dbias, np.float32),
-                rtol=tol, atol=tol,
+                np.asarray(fused_dbias, np.float32),
+                np.asarray(dbias, np.float32),
+                rtol=tol,
+                atol=tol,
             )
 
 
@@ -167,14 +174,21 @@ def test_dact_lu_with_quantizer_is_the_dx_of_quantize_dact_dbias(rng):
 @pytest.mark.parametrize("mode", ["delayed", "current", "mxfp8", "nvfp4"])
 def test_vmap_gives_one_tensor_per_element(mode, rng):
     """Under vmap each element is its own tensor (its own amax / scale), as unbatched calls."""
-    q = _quantizer(mode, E4M3 if mode != "nvfp4" else jnp.float4_e2m1fn, QuantizeLayout.ROWWISE_COLWISE)
-    x = jnp.asarray(rng.standard_normal((3, 32, 2, 64)), jnp.float32) * jnp.asarray([1.0, 10.0, 100.0])[:, None, None, None]
+    q = _quantizer(
+        mode, E4M3 if mode != "nvfp4" else jnp.float4_e2m1fn, QuantizeLayout.ROWWISE_COLWISE
+    )
+    x = (
+        jnp.asarray(rng.standard_normal((3, 32, 2, 64)), jnp.float32)
+        * jnp.asarray([1.0, 10.0, 100.0])[:, None, None, None]
+    )
     dz = jnp.asarray(rng.standard_normal((3, 32, 64)), jnp.float32)
     batched = jax.jit(jax.vmap(lambda x: te_jax.act_lu(x, "geglu", quantizer=q)))(x)
     for i in range(3):
         one = te_jax.act_lu(x[i], "geglu", quantizer=q)
         assert_same_scaled(jax.tree.map(lambda a, i=i: a[i], batched), one, f"element {i}")
-    st, dbias = jax.vmap(lambda dz, x: te_jax.quantize_dact_dbias(dz, x, "geglu", quantizer=q))(dz, x)
+    st, dbias = jax.vmap(lambda dz, x: te_jax.quantize_dact_dbias(dz, x, "geglu", quantizer=q))(
+        dz, x
+    )
     for i in range(3):
         one, one_dbias = te_jax.quantize_dact_dbias(dz[i], x[i], "geglu", quantizer=q)
         assert_same_scaled(jax.tree.map(lambda a, i=i: a[i], st), one, f"dact element {i}")
@@ -183,7 +197,10 @@ def test_vmap_gives_one_tensor_per_element(mode, rng):
 
 def test_scan_over_steps_with_delayed_scaling(rng):
     """The quantizer state goes through lax.scan: each step quantizes with the previous amax."""
-    xs = jnp.asarray(rng.standard_normal((4, 32, 64)), jnp.float32) * jnp.asarray([1.0, 2.0, 4.0, 8.0])[:, None, None]
+    xs = (
+        jnp.asarray(rng.standard_normal((4, 32, 64)), jnp.float32)
+        * jnp.asarray([1.0, 2.0, 4.0, 8.0])[:, None, None]
+    )
     q0 = DelayedScaleQuantizer.create(amax_history_len=4)
 
     def step(q, x):
@@ -194,7 +211,9 @@ def test_scan_over_steps_with_delayed_scaling(rng):
     want_amax = [float(jnp.max(jnp.abs(te_jax.act_lu(x, "gelu")))) for x in xs]
     np.testing.assert_array_equal(np.asarray(amaxes), np.asarray(want_amax, np.float32))
     assert float(scale_invs[0]) == 1.0
-    np.testing.assert_allclose(1.0 / np.asarray(scale_invs[1:]), 448.0 / np.maximum.accumulate(want_amax)[:-1], rtol=1e-6)
+    np.testing.assert_allclose(
+        1.0 / np.asarray(scale_invs[1:]), 448.0 / np.maximum.accumulate(want_amax)[:-1], rtol=1e-6
+    )
     assert float(q_final.scale) == pytest.approx(448.0 / max(want_amax))
 
 
@@ -243,7 +262,12 @@ def test_block_shape_errors(quantizer, shape, match):
     x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
     for impl in ("ffi", "xla"):
         with pytest.raises(ValueError, match=match):
-            jax.eval_shape(lambda x, impl=impl: te_jax.act_lu(x, "gelu", quantizer=quantizer, implementation=impl), x)
+            jax.eval_shape(
+                lambda x, impl=impl: te_jax.act_lu(
+                    x, "gelu", quantizer=quantizer, implementation=impl
+                ),
+                x,
+            )
 
 
 def test_unsupported_q_dtype():
@@ -256,7 +280,9 @@ def test_unsupported_q_dtype():
 def test_scaled_tensor_metadata(rng):
     x = jnp.asarray(rng.standard_normal((2, 32, 2, 64)), jnp.bfloat16)
     dz = jnp.asarray(rng.standard_normal((2, 32, 64)), jnp.bfloat16)
-    st, _ = te_jax.quantize_dact_dbias(dz, x, "swiglu", quantizer=CurrentScaleQuantizer(E5M2, QuantizeLayout.ROWWISE_COLWISE))
+    st, _ = te_jax.quantize_dact_dbias(
+        dz, x, "swiglu", quantizer=CurrentScaleQuantizer(E5M2, QuantizeLayout.ROWWISE_COLWISE)
+    )
     assert st.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING
     assert st.shape == x.shape and st.dq_dtype == jnp.bfloat16
     assert st.colwise_data.shape == (2, 64, 2, 32)  # (2, H) + leading

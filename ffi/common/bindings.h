@@ -23,24 +23,34 @@
 // problem.h for every buffer's shape.
 #pragma once
 
+#include <utility>
+
 #include "common/attrs.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace te_jax {
 
+// The five quantized outputs of te_jax_act_lu, te_jax_quantize and te_jax_dact_dbias_quantize:
+// output, colwise_output, scale_inv, colwise_scale_inv, updated_amax (shapes: problem.h).
+template <typename Binding>
+auto with_quantized_rets(Binding b) {
+  namespace ffi = ::xla::ffi;
+  return std::move(b)
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>();
+}
+
 template <::xla::ffi::ExecutionStage kStage, typename Context>
 auto bind_act_lu() {
   namespace ffi = ::xla::ffi;
-  return ffi::Ffi::Bind<kStage>()
-      .template Ctx<Context>()
-      .template Arg<ffi::AnyBuffer>()   // x
-      .template Arg<ffi::AnyBuffer>()   // scale
-      .template Arg<ffi::AnyBuffer>()   // amax
-      .template Ret<ffi::AnyBuffer>()   // output
-      .template Ret<ffi::AnyBuffer>()   // colwise_output
-      .template Ret<ffi::AnyBuffer>()   // scale_inv
-      .template Ret<ffi::AnyBuffer>()   // colwise_scale_inv
-      .template Ret<ffi::AnyBuffer>()   // updated_amax
+  return with_quantized_rets(ffi::Ffi::Bind<kStage>()
+                                 .template Ctx<Context>()
+                                 .template Arg<ffi::AnyBuffer>()    // x
+                                 .template Arg<ffi::AnyBuffer>()    // scale
+                                 .template Arg<ffi::AnyBuffer>())   // amax
       .template Attr<ActivationEnum>("act_enum")
       .template Attr<ScalingMode>("scaling_mode")
       .template Attr<QuantizeLayout>("quantize_layout")
@@ -51,17 +61,12 @@ auto bind_act_lu() {
 template <::xla::ffi::ExecutionStage kStage, typename Context>
 auto bind_dact_dbias() {
   namespace ffi = ::xla::ffi;
-  return ffi::Ffi::Bind<kStage>()
-      .template Ctx<Context>()
-      .template Arg<ffi::AnyBuffer>()   // dz
-      .template Arg<ffi::AnyBuffer>()   // x
-      .template Arg<ffi::AnyBuffer>()   // scale
-      .template Arg<ffi::AnyBuffer>()   // amax
-      .template Ret<ffi::AnyBuffer>()   // output
-      .template Ret<ffi::AnyBuffer>()   // colwise_output
-      .template Ret<ffi::AnyBuffer>()   // scale_inv
-      .template Ret<ffi::AnyBuffer>()   // colwise_scale_inv
-      .template Ret<ffi::AnyBuffer>()   // updated_amax
+  return with_quantized_rets(ffi::Ffi::Bind<kStage>()
+                                 .template Ctx<Context>()
+                                 .template Arg<ffi::AnyBuffer>()    // dz
+                                 .template Arg<ffi::AnyBuffer>()    // x
+                                 .template Arg<ffi::AnyBuffer>()    // scale
+                                 .template Arg<ffi::AnyBuffer>())   // amax
       .template Ret<ffi::AnyBuffer>()   // dbias
       .template Ret<ffi::AnyBuffer>()   // workspace
       .template Attr<ScalingMode>("scaling_mode")
@@ -75,16 +80,11 @@ auto bind_dact_dbias() {
 template <::xla::ffi::ExecutionStage kStage, typename Context>
 auto bind_quantize() {
   namespace ffi = ::xla::ffi;
-  return ffi::Ffi::Bind<kStage>()
-      .template Ctx<Context>()
-      .template Arg<ffi::AnyBuffer>()   // x
-      .template Arg<ffi::AnyBuffer>()   // scale
-      .template Arg<ffi::AnyBuffer>()   // amax
-      .template Ret<ffi::AnyBuffer>()   // output
-      .template Ret<ffi::AnyBuffer>()   // colwise_output
-      .template Ret<ffi::AnyBuffer>()   // scale_inv
-      .template Ret<ffi::AnyBuffer>()   // colwise_scale_inv
-      .template Ret<ffi::AnyBuffer>()   // updated_amax
+  return with_quantized_rets(ffi::Ffi::Bind<kStage>()
+                                 .template Ctx<Context>()
+                                 .template Arg<ffi::AnyBuffer>()    // x
+                                 .template Arg<ffi::AnyBuffer>()    // scale
+                                 .template Arg<ffi::AnyBuffer>())   // amax
       .template Attr<ScalingMode>("scaling_mode")
       .template Attr<QuantizeLayout>("quantize_layout")
       .template Attr<bool>("output_amax");

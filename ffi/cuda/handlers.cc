@@ -12,6 +12,7 @@
 #include <nanobind/nanobind.h>
 
 #include <string>
+#include <type_traits>
 
 #include "common/bindings.h"
 #include "common/problem.h"
@@ -32,6 +33,23 @@ ffi::Error cuda_error(const char* op, const char* what, cudaError_t e) {
                               cudaGetErrorString(e));
 }
 
+// Enqueues (execute) or loads (initialize) the kernels of a decoded problem.
+template <bool kInitialize, typename Problem>
+ffi::Error launch(const char* op, const Problem& p, cudaStream_t stream) {
+  LaunchConfig cfg;
+  cfg.load_only = kInitialize;
+  cudaError_t e;
+  if constexpr (std::is_same_v<Problem, ActLuProblem>) {
+    e = launch_act_lu(p, stream, cfg);
+  } else {
+    e = launch_dact_dbias(p, stream, cfg);
+  }
+  if (e != cudaSuccess) {
+    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
+  }
+  return ffi::Error::Success();
+}
+
 // ---- te_jax_act_lu -------------------------------------------------------------------------
 
 template <bool kInitialize>
@@ -48,12 +66,7 @@ ffi::Error ActLuImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale
       e.failure()) {
     return e;
   }
-  LaunchConfig cfg;
-  cfg.load_only = kInitialize;
-  if (cudaError_t e = launch_act_lu(p, stream, cfg); e != cudaSuccess) {
-    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
-  }
-  return ffi::Error::Success();
+  return launch<kInitialize>(op, p, stream);
 }
 
 // ---- te_jax_dact_dbias_quantize ------------------------------------------------------------
@@ -75,12 +88,7 @@ ffi::Error DActLuDBiasQuantizeImpl(cudaStream_t stream, ffi::AnyBuffer dz, ffi::
       e.failure()) {
     return e;
   }
-  LaunchConfig cfg;
-  cfg.load_only = kInitialize;
-  if (cudaError_t e = launch_dact_dbias(p, stream, cfg); e != cudaSuccess) {
-    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
-  }
-  return ffi::Error::Success();
+  return launch<kInitialize>(op, p, stream);
 }
 
 // ---- te_jax_quantize (act_lu of the identity) -----------------------------------------------
@@ -98,12 +106,7 @@ ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer sc
       e.failure()) {
     return e;
   }
-  LaunchConfig cfg;
-  cfg.load_only = kInitialize;
-  if (cudaError_t e = launch_act_lu(p, stream, cfg); e != cudaSuccess) {
-    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
-  }
-  return ffi::Error::Success();
+  return launch<kInitialize>(op, p, stream);
 }
 
 // ---- te_jax_act_amax (first pass of the two-pass modes) -------------------------------------
@@ -114,12 +117,7 @@ ffi::Error ActAmaxImpl(cudaStream_t stream, ffi::AnyBuffer x, Ret amax, Activati
   constexpr const char* op = "te_jax_act_amax";
   ActLuProblem p;
   if (ffi::Error e = decode_act_amax(p, x, &*amax, act_enum, act_params); e.failure()) return e;
-  LaunchConfig cfg;
-  cfg.load_only = kInitialize;
-  if (cudaError_t e = launch_act_lu(p, stream, cfg); e != cudaSuccess) {
-    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
-  }
-  return ffi::Error::Success();
+  return launch<kInitialize>(op, p, stream);
 }
 
 // ---- te_jax_dact_dbias_amax (first pass of dact_dbias in the two-pass modes) ----------------
@@ -135,12 +133,7 @@ ffi::Error DActAmaxImpl(cudaStream_t stream, ffi::AnyBuffer dz, ffi::AnyBuffer x
       e.failure()) {
     return e;
   }
-  LaunchConfig cfg;
-  cfg.load_only = kInitialize;
-  if (cudaError_t e = launch_dact_dbias(p, stream, cfg); e != cudaSuccess) {
-    return cuda_error(op, kInitialize ? "loading the kernels" : "kernel launch failed", e);
-  }
-  return ffi::Error::Success();
+  return launch<kInitialize>(op, p, stream);
 }
 
 // Bindings (functions, so the template commas stay out of the handler macros).

@@ -29,6 +29,7 @@ from te_jax.quantize_op import quantized_output
 
 __all__ = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
 
+
 def _check_x(op: str, x, act: ActivationType) -> None:
     dtype = jnp.result_type(x)
     if not jnp.issubdtype(dtype, jnp.floating):
@@ -96,8 +97,9 @@ def act_lu(
     """
     act, params = _prepare("act_lu", x, activation_type, act_params)
     if quantizer is not None:
-        return quantized_output("act_lu", "act", (x,), quantizer, act, params,
-                                implementation=implementation)
+        return quantized_output(
+            "act_lu", "act", (x,), quantizer, act, params, implementation=implementation
+        )
     if not use_ffi("act_lu", implementation, jnp.result_type(x)):
         return reference.act_lu(x, act, params)
     return primitives.bind_act_lu(x, act, params)[0]
@@ -115,8 +117,9 @@ def quantize_dact_dbias(
     """Activation gradient and bias gradient, fused in one pass.
 
     ``dx = f'(x) * dz`` (gated: ``dx[..., 0, :] = f'(a)·dz·b``, ``dx[..., 1, :] = f(a)·dz``),
-    with x's shape (a ``ScaledTensor`` with ``quantizer``); ``dbias`` is the float32 sum of dx over every axis but the feature axes,
-    shape ``(H,)`` or ``(2, H)``, in x's dtype (``None`` unless ``is_dbias``). Deterministic.
+    with x's shape (a ``ScaledTensor`` with ``quantizer``); ``dbias`` is the float32 sum of dx
+    over every axis but the feature axes, shape ``(H,)`` or ``(2, H)``, in x's dtype (``None``
+    unless ``is_dbias``). Deterministic.
 
     Args:
       dz: upstream gradient, x's shape without the act axis, x's dtype.
@@ -128,8 +131,9 @@ def quantize_dact_dbias(
     act, params = _prepare(op, x, activation_type, act_params)
     _check_dz(op, dz, x, act)
     if quantizer is not None:
-        return quantized_output(op, "dact", (dz, x), quantizer, act, params, bool(is_dbias),
-                                implementation)
+        return quantized_output(
+            op, "dact", (dz, x), quantizer, act, params, bool(is_dbias), implementation
+        )
     if not use_ffi(op, implementation, jnp.result_type(x)):
         return reference.quantize_dact_dbias(dz, x, act, is_dbias, params)
     outs = primitives.bind_dact_dbias(dz, x, act, params, bool(is_dbias))
@@ -148,8 +152,9 @@ def dact_lu(
     act, params = _prepare("dact_lu", x, activation_type, act_params)
     _check_dz("dact_lu", dz, x, act)
     if quantizer is not None:
-        return quantized_output("dact_lu", "dact", (dz, x), quantizer, act, params, False,
-                                implementation)[0]
+        return quantized_output(
+            "dact_lu", "dact", (dz, x), quantizer, act, params, False, implementation
+        )[0]
     if not use_ffi("dact_lu", implementation, jnp.result_type(x)):
         return reference.dact_lu(dz, x, act, params)
     return primitives.bind_dact_dbias(dz, x, act, params, False)[0]

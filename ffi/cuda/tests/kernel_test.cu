@@ -26,100 +26,15 @@
 #include "common/activations.h"
 #include "common/problem.h"
 #include "cuda/launch.h"
+#include "cuda/tests/harness.cuh"
 
 using namespace te_jax;
-
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("CUDA error %s (%s) at %s:%d\n", cudaGetErrorName(e_),                  \
-                  cudaGetErrorString(e_), __FILE__, __LINE__);                            \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
+using namespace te_jax_test;
 
 namespace {
 
-int g_checks = 0;         // test cases run
-int g_failed_checks = 0;  // test cases with at least one failure
-int g_failures = 0;       // failure messages
 int g_notes = 0;
-bool g_quick = false;
 std::mt19937 g_rng(12345);
-
-void fail(const std::string& what) {
-  ++g_failures;
-  if (g_failures <= 50) std::printf("FAIL: %s\n", what.c_str());
-}
-
-// One test case: counted once, failed if any fail() happened inside it.
-struct Case {
-  int before;
-  Case() : before(g_failures) { ++g_checks; }
-  ~Case() {
-    if (g_failures > before) ++g_failed_checks;
-  }
-};
-
-// ---- dtypes on the host ----------------------------------------------------------------------
-
-template <typename T> struct DT;
-template <> struct DT<float> {
-  static constexpr DType kType = DType::F32;
-  static constexpr const char* kName = "float32";
-  static constexpr double kTol = 2e-5;
-  static float to(float v) { return v; }
-  static float from(float v) { return v; }
-};
-template <> struct DT<__nv_bfloat16> {
-  static constexpr DType kType = DType::BF16;
-  static constexpr const char* kName = "bfloat16";
-  static constexpr double kTol = 1.0 / 128;
-  static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
-};
-template <> struct DT<__half> {
-  static constexpr DType kType = DType::F16;
-  static constexpr const char* kName = "float16";
-  static constexpr double kTol = 1.0 / 1024;
-  static float to(__half v) { return __half2float(v); }
-  static __half from(float v) { return __float2half_rn(v); }
-};
-
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-// ---- device buffers --------------------------------------------------------------------------
-
-// A device allocation with `offset` elements of slack in front (offset 1 misaligns the data).
-template <typename T>
-struct DevBuf {
-  T* base = nullptr;
-  T* ptr = nullptr;
-  size_t n = 0;
-  DevBuf(size_t count, int offset) : n(count) {
-    CHECK_CUDA(cudaMalloc(&base, (count + offset + 8) * sizeof(T)));
-    ptr = base + offset;
-  }
-  ~DevBuf() { cudaFree(base); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void upload(const std::vector<T>& h) {
-    if (n) CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  void poison() {
-    if (n) CHECK_CUDA(cudaMemset(ptr, 0xFF, n * sizeof(T)));  // NaN in every float type
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    if (n) CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 template <typename T>
 std::vector<T> random_vec(size_t n, float lo, float hi) {
@@ -136,18 +51,11 @@ bool close(double got, double want, double tol) {
 
 ActParams default_params() { return ActParams{}; }
 
-const char* act_name(ActivationEnum e) {
-  static const char* names[] = {"GELU",  "GEGLU",  "GLU",    "SILU",   "SWIGLU",
-                                "RELU",  "REGLU",  "QGELU",  "QGEGLU", "SRELU",
-                                "SREGLU", "CLAMPED_SWIGLU", "GELU_EXACT", "GEGLU_EXACT"};
-  return names[static_cast<int>(e)];
-}
-
 // amax bits over outputs: max of (bits & 0x7fffffff), as the kernels define it.
 template <typename T>
 uint32_t amax_bits_of(const std::vector<T>& v) {
   uint32_t m = 0;
-  for (const T& e : v) m = std::max(m, float_bits(DT<T>::to(e)) & 0x7fffffffu);
+  for (const T& e : v) m = std::max(m, bits(DT<T>::to(e)) & 0x7fffffffu);
   return m;
 }
 
@@ -168,7 +76,7 @@ void test_act_lu(ActivationEnum act, int64_t rows, int64_t H, int misalign, bool
   const size_t nx = rows * L * H, ny = rows * H;
   std::vector<T> hx = random_vec<T>(nx, -8.0f, 8.0f);
   if (inject_nan && nx > 0) hx[nx / 2] = DT<T>::from(NAN);
-  DevBuf<T> x(nx, misalign), y(ny, misalign);
+  DevBuf<T> x(nx, misalign * sizeof(T)), y(ny, misalign * sizeof(T));
   DevBuf<float> amax(1, 0);
   x.upload(hx);
 
@@ -197,7 +105,7 @@ void test_act_lu(ActivationEnum act, int64_t rows, int64_t H, int misalign, bool
     const float a = read_amax(amax.ptr);
     if (sms == 132) {
       first = hy;
-      first_amax = float_bits(a);
+      first_amax = bits(a);
       // values
       int bad = 0;
       for (int64_t r = 0; r < rows; ++r) {
@@ -219,15 +127,15 @@ void test_act_lu(ActivationEnum act, int64_t rows, int64_t H, int misalign, bool
       const uint32_t want_bits = amax_bits_of(hy);
       if (inject_nan && !(std::isnan(a) == (want_bits > 0x7f800000u))) {
         fail(tag + ": amax NaN-ness differs from the outputs'");
-      } else if (float_bits(a) != want_bits) {
-        fail(tag + ": amax bits " + std::to_string(float_bits(a)) + " != max|y| bits " +
+      } else if (bits(a) != want_bits) {
+        fail(tag + ": amax bits " + std::to_string(bits(a)) + " != max|y| bits " +
              std::to_string(want_bits));
       }
     } else {
       if (hy.size() && std::memcmp(hy.data(), first.data(), hy.size() * sizeof(T)) != 0) {
         fail(tag + ": output differs with max_blocks=4*" + std::to_string(sms));
       }
-      if (float_bits(a) != first_amax) {
+      if (bits(a) != first_amax) {
         fail(tag + ": amax differs with max_blocks=4*" + std::to_string(sms));
       }
     }
@@ -250,7 +158,8 @@ void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int
   const size_t nx = rows * L * H, nz = rows * H, n = L * H;
   std::vector<T> hx = random_vec<T>(nx, -8.0f, 8.0f);
   std::vector<T> hz = random_vec<T>(nz, -2.0f, 2.0f);
-  DevBuf<T> x(nx, misalign), dz(nz, misalign), dx(nx, misalign);
+  DevBuf<T> x(nx, misalign * sizeof(T)), dz(nz, misalign * sizeof(T)),
+      dx(nx, misalign * sizeof(T));
   DevBuf<T> dbias(with_dbias ? batches * n : 0, 0);
   DevBuf<float> ws(with_dbias ? batches * groups * n : 0, 0);
   DevBuf<float> amax(1, 0);
@@ -318,7 +227,7 @@ void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int
     if (sms == 132) {
       first_dx = hdx;
       first_db = hdb;
-      first_amax = float_bits(a);
+      first_amax = bits(a);
       int bad = 0;
       for (size_t i = 0; i < nx; ++i) {
         const float want = DT<T>::to(DT<T>::from(ref_dx[i]));
@@ -328,7 +237,7 @@ void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int
                std::to_string(want));
         }
       }
-      if (float_bits(a) != amax_bits_of(hdx)) fail(tag + ": amax != max|dx| (bits)");
+      if (bits(a) != amax_bits_of(hdx)) fail(tag + ": amax != max|dx| (bits)");
       for (size_t i = 0; i < ref_db.size(); ++i) {
         const double want = ref_db[i];
         const double got = DT<T>::to(hdb[i]);
@@ -346,7 +255,7 @@ void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int
       if (hdb.size() && std::memcmp(hdb.data(), first_db.data(), hdb.size() * sizeof(T)) != 0) {
         fail(tag + ": dbias not deterministic (max_blocks=4*" + std::to_string(sms) + ")");
       }
-      if (float_bits(a) != first_amax) {
+      if (bits(a) != first_amax) {
         fail(tag + ": amax differs with max_blocks=4*" + std::to_string(sms));
       }
     }
@@ -354,7 +263,7 @@ void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int
 
   // The scalar path (a misaligned copy of the same data) must give the same dbias bits.
   if (with_dbias && !misalign && rows > 0) {
-    DevBuf<T> x2(nx, 1), dz2(nz, 1), dx2(nx, 1);
+    DevBuf<T> x2(nx, sizeof(T)), dz2(nz, sizeof(T)), dx2(nx, sizeof(T));
     x2.upload(hx);
     dz2.upload(hz);
     dbias.poison();
@@ -444,8 +353,8 @@ void test_graph(ActivationEnum act) {
   if (std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(T)) ||
       std::memcmp(dx0.data(), dx1.data(), dx0.size() * sizeof(T)) ||
       std::memcmp(db0.data(), db1.data(), db0.size() * sizeof(T)) ||
-      float_bits(read_amax(amax1.ptr)) != float_bits(a10) ||
-      float_bits(read_amax(amax2.ptr)) != float_bits(a20)) {
+      bits(read_amax(amax1.ptr)) != bits(a10) ||
+      bits(read_amax(amax2.ptr)) != bits(a20)) {
     fail(tag + ": graph replay differs from the eager run");
   }
   CHECK_CUDA(cudaGraphExecDestroy(exec));

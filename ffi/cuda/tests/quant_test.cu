@@ -34,107 +34,14 @@
 #include "common/formats.h"
 #include "common/problem.h"
 #include "cuda/launch.h"
+#include "cuda/tests/harness.cuh"
 
 using namespace te_jax;
-
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("CUDA error %s (%s) at %s:%d\n", cudaGetErrorName(e_),                  \
-                  cudaGetErrorString(e_), __FILE__, __LINE__);                            \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
+using namespace te_jax_test;
 
 namespace {
 
-int g_checks = 0, g_failed_checks = 0, g_failures = 0;
-bool g_quick = false;
 std::mt19937 g_rng(4242);
-
-void fail(const std::string& what) {
-  ++g_failures;
-  if (g_failures <= 60) std::printf("FAIL: %s\n", what.c_str());
-}
-
-struct Case {
-  int before;
-  Case() : before(g_failures) { ++g_checks; }
-  ~Case() {
-    if (g_failures > before) ++g_failed_checks;
-  }
-};
-
-template <typename T> struct DT;
-template <> struct DT<float> {
-  static constexpr DType kType = DType::F32;
-  static constexpr const char* kName = "f32";
-  static float to(float v) { return v; }
-  static float from(float v) { return v; }
-};
-template <> struct DT<__nv_bfloat16> {
-  static constexpr DType kType = DType::BF16;
-  static constexpr const char* kName = "bf16";
-  static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
-};
-template <> struct DT<__half> {
-  static constexpr DType kType = DType::F16;
-  static constexpr const char* kName = "f16";
-  static float to(__half v) { return __half2float(v); }
-  static __half from(float v) { return __float2half_rn(v); }
-};
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// A device allocation with `offset` bytes of slack in front (offset 1 misaligns it).
-template <typename T>
-struct DevBuf {
-  char* base = nullptr;
-  T* ptr = nullptr;
-  size_t n = 0;
-  DevBuf() = default;
-  DevBuf(size_t count, int offset_bytes) { alloc(count, offset_bytes); }
-  void alloc(size_t count, int offset_bytes) {
-    n = count;
-    CHECK_CUDA(cudaMalloc(&base, count * sizeof(T) + offset_bytes + 64));
-    ptr = reinterpret_cast<T*>(base + offset_bytes);
-  }
-  ~DevBuf() {
-    if (base) cudaFree(base);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  T* get() const { return n ? ptr : nullptr; }
-  void upload(const std::vector<T>& h) {
-    if (n) CHECK_CUDA(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  void poison() {
-    if (n) CHECK_CUDA(cudaMemset(ptr, 0xFF, n * sizeof(T)));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n);
-    if (n) CHECK_CUDA(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-const char* act_name(ActivationEnum e) {
-  static const char* names[] = {"GELU",  "GEGLU",  "GLU",    "SILU",   "SWIGLU",
-                                "RELU",  "REGLU",  "QGELU",  "QGEGLU", "SRELU",
-                                "SREGLU", "CLAMPED_SWIGLU", "GELU_EXACT", "GEGLU_EXACT"};
-  return e == ActivationEnum::IDENTITY ? "IDENTITY" : names[static_cast<int>(e)];
-}
 
 enum class QM { DELAYED, CURRENT, MX, NVFP4, AMAX };
 const char* qm_name(QM m) {

@@ -19,38 +19,9 @@ from te_jax.primitives import base
 
 TARGET = "te_jax_act_lu"
 
-# ---- inner: the FFI call with its full contract ----------------------------------------------
-
-act_lu_ffi_p = base.make_primitive("te_jax_act_lu_ffi")
-
 
 def _y_shape(x_shape, act: ActivationType):
     return tuple(x_shape[:-2]) + (x_shape[-1],) if act.is_gated else tuple(x_shape)
-
-
-@act_lu_ffi_p.def_abstract_eval
-def _act_lu_ffi_abstract(x, scale, amax, *, act, params, output_amax):
-    f32 = jnp.float32
-    return (
-        ShapedArray(_y_shape(x.shape, act), x.dtype),  # output
-        ShapedArray((0,), x.dtype),  # colwise_output (quantized modes only)
-        ShapedArray((0,), f32),  # scale_inv
-        ShapedArray((0,), f32),  # colwise_scale_inv
-        ShapedArray((1,) if output_amax else (0,), f32),  # updated_amax
-    )
-
-
-base.register_ffi_lowering(
-    act_lu_ffi_p,
-    TARGET,
-    lambda *, act, params, output_amax: dict(
-        act_enum=np.int64(act),
-        scaling_mode=base.NO_SCALING,
-        quantize_layout=base.ROWWISE,
-        act_params=base.act_params_attr(params),
-        output_amax=np.bool_(output_amax),
-    ),
-)
 
 
 def _kernel(x, act, params, output_amax):
@@ -58,10 +29,25 @@ def _kernel(x, act, params, output_amax):
     if x.size == 0:
         y = jnp.zeros(_y_shape(x.shape, act), x.dtype)
         return [y, jnp.zeros((1,), jnp.float32)] if output_amax else [y]
-    one = jnp.ones((1,), jnp.float32)
-    zero = jnp.zeros((1,), jnp.float32)
-    y, _, _, _, amax = act_lu_ffi_p.bind(
-        x, one, zero, act=act, params=params, output_amax=output_amax
+    f32, empty = jnp.float32, jax.ShapeDtypeStruct((0,), jnp.float32)
+    results = [
+        jax.ShapeDtypeStruct(_y_shape(x.shape, act), x.dtype),  # output
+        empty,  # colwise_output, scale_inv, colwise_scale_inv: quantized modes only
+        empty,
+        empty,
+        jax.ShapeDtypeStruct((1,) if output_amax else (0,), f32),  # updated_amax
+    ]
+    y, _, _, _, amax = base.ffi_call(
+        TARGET,
+        results,
+        x,
+        jnp.ones((1,), f32),  # scale
+        jnp.zeros((1,), f32),  # amax
+        act_enum=np.int64(act),
+        scaling_mode=base.NO_SCALING,
+        quantize_layout=base.ROWWISE,
+        act_params=base.act_params_attr(params),
+        output_amax=np.bool_(output_amax),
     )
     return [y, amax] if output_amax else [y]
 

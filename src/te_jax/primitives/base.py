@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.custom_partitioning import custom_partitioning
 from jax.core import ShapedArray
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import mlir, xla
 from jax.sharding import NamedSharding, PartitionSpec
@@ -66,20 +66,6 @@ def make_primitive(name: str) -> Primitive:
     p.multiple_results = True
     p.def_impl(lambda *args, **params: xla.apply_primitive(p, *args, **params))
     return p
-
-
-def register_ffi_lowering(inner: Primitive, target: str, attrs: Callable[..., dict]) -> None:
-    """Lowers ``inner`` to the FFI call ``target`` on every kernel platform.
-
-    ``attrs(**params)`` maps the primitive's (hashable) params to exact numpy attribute values.
-    """
-    lower = jax.ffi.ffi_lowering(target)
-
-    def rule(ctx, *operands, **params):
-        return lower(ctx, *operands, **attrs(**params))
-
-    for platform in KERNEL_PLATFORMS:
-        mlir.register_lowering(inner, rule, platform=platform)
 
 
 def register_outer_rules(
@@ -176,10 +162,11 @@ def row_factor_names(n: int) -> list[str]:
     return [f"r{i}" for i in range(n)]
 
 
-# ---- a generic FFI call with struct attributes ------------------------------------------------
+# ---- the FFI call every te_jax op makes ---------------------------------------------------------
 # jax.ffi.ffi_call keeps its attributes as primitive params, which must be hashable, and only
 # freezes the top level: act_params (a nested dict) cannot pass. This primitive freezes nested
-# dicts into sorted item tuples and rebuilds them in the lowering rule.
+# dicts into sorted item tuples and rebuilds them in the lowering rule (cpu and cuda only: it is
+# bound inside the outer primitives' kernel lowerings).
 
 _ffi_call_p = make_primitive("te_jax_ffi_call")
 

@@ -50,47 +50,28 @@ def _feature_shape(x_shape, act: ActivationType):
     return tuple(x_shape[-act.act_len :])
 
 
-# ---- inner: the FFI call with its full contract ----------------------------------------------
-
-dact_dbias_ffi_p = base.make_primitive("te_jax_dact_dbias_ffi")
-
-
-@dact_dbias_ffi_p.def_abstract_eval
-def _ffi_abstract(dz, x, scale, amax, *, act, params, is_dbias, n_batch, output_amax):
-    f32 = jnp.float32
+def _ffi_results(x, act, is_dbias, n_batch, output_amax) -> list[jax.ShapeDtypeStruct]:
+    """Result buffers of the NO_SCALING call (the quantized ones are empty)."""
+    sds, f32 = jax.ShapeDtypeStruct, jnp.float32
     feature = _feature_shape(x.shape, act)
     if is_dbias:
         batches = math.prod(x.shape[:n_batch])
         rows = math.prod(x.shape[n_batch : x.ndim - act.act_len])
-        dbias = ShapedArray(tuple(x.shape[:n_batch]) + feature, x.dtype)
+        dbias = sds(tuple(x.shape[:n_batch]) + feature, x.dtype)
         groups = dbias_groups(rows, x.shape[-1], x.dtype.itemsize)
-        workspace = ShapedArray((batches, groups, math.prod(feature)), f32)
+        workspace = sds((batches, groups, math.prod(feature)), f32)
     else:
-        dbias = ShapedArray((0,), x.dtype)
-        workspace = ShapedArray((0,), f32)
-    return (
-        ShapedArray(x.shape, x.dtype),  # output
-        ShapedArray((0,), x.dtype),  # colwise_output (quantized modes only)
-        ShapedArray((0,), f32),  # scale_inv
-        ShapedArray((0,), f32),  # colwise_scale_inv
-        ShapedArray((1,) if output_amax else (0,), f32),  # updated_amax
+        dbias, workspace = sds((0,), x.dtype), sds((0,), f32)
+    empty = sds((0,), f32)
+    return [
+        sds(x.shape, x.dtype),  # output
+        empty,  # colwise_output, scale_inv, colwise_scale_inv: quantized modes only
+        empty,
+        empty,
+        sds((1,) if output_amax else (0,), f32),  # updated_amax
         dbias,
         workspace,
-    )
-
-
-base.register_ffi_lowering(
-    dact_dbias_ffi_p,
-    TARGET,
-    lambda *, act, params, is_dbias, n_batch, output_amax: dict(
-        scaling_mode=base.NO_SCALING,
-        act_enum=np.int64(act),
-        quantize_layout=base.ROWWISE,
-        is_dbias=np.bool_(is_dbias),
-        act_params=base.act_params_attr(params),
-        output_amax=np.bool_(output_amax),
-    ),
-)
+    ]
 
 
 def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=False):
@@ -109,18 +90,19 @@ def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_works
         if output_amax:
             outs.append(jnp.zeros((1,), jnp.float32))
         return outs
-    one = jnp.ones((1,), jnp.float32)
-    zero = jnp.zeros((1,), jnp.float32)
-    dx, _, _, _, amax, dbias, workspace = dact_dbias_ffi_p.bind(
+    dx, _, _, _, amax, dbias, workspace = base.ffi_call(
+        TARGET,
+        _ffi_results(x, act, is_dbias, n_batch, output_amax),
         dz,
         x,
-        one,
-        zero,
-        act=act,
-        params=params,
-        is_dbias=is_dbias,
-        n_batch=n_batch,
-        output_amax=output_amax,
+        jnp.ones((1,), jnp.float32),  # scale
+        jnp.zeros((1,), jnp.float32),  # amax
+        scaling_mode=base.NO_SCALING,
+        act_enum=np.int64(act),
+        quantize_layout=base.ROWWISE,
+        is_dbias=np.bool_(is_dbias),
+        act_params=base.act_params_attr(params),
+        output_amax=np.bool_(output_amax),
     )
     outs = [dx]
     if is_dbias:

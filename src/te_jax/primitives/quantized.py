@@ -211,8 +211,12 @@ def _amax_pass(kind, act, params, is_dbias, g: Geometry, operands):
     if kind == "dact":
         dz, x = operands
         outs = base.ffi_call(
-            "te_jax_dact_dbias_amax", [amax] + _dbias_buffers(g, x.dtype, is_dbias), dz, x,
-            is_dbias=np.bool_(is_dbias), **_act_attrs(act, params),
+            "te_jax_dact_dbias_amax",
+            [amax] + _dbias_buffers(g, x.dtype, is_dbias),
+            dz,
+            x,
+            is_dbias=np.bool_(is_dbias),
+            **_act_attrs(act, params),
         )
         return outs[0], (outs[1] if is_dbias else None), outs[2]
     (x,) = operands
@@ -232,20 +236,35 @@ def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scal
     if kind == "dact":
         dz, x = operands
         outs = base.ffi_call(
-            "te_jax_dact_dbias_quantize", results + _dbias_buffers(g, x.dtype, is_dbias), dz, x,
-            scale, unused_amax, is_dbias=np.bool_(is_dbias), **_act_attrs(act, params),
+            "te_jax_dact_dbias_quantize",
+            results + _dbias_buffers(g, x.dtype, is_dbias),
+            dz,
+            x,
+            scale,
+            unused_amax,
+            is_dbias=np.bool_(is_dbias),
+            **_act_attrs(act, params),
             **_quant_attrs(cfg),
         )
         return outs[:5], (outs[5] if is_dbias else None), outs[6]
     (x,) = operands
     if kind == "quantize":
         outs = base.ffi_call(
-            "te_jax_quantize", results, x.reshape(g.m, g.n), scale, unused_amax,
+            "te_jax_quantize",
+            results,
+            x.reshape(g.m, g.n),
+            scale,
+            unused_amax,
             **_quant_attrs(cfg),
         )
     else:
         outs = base.ffi_call(
-            "te_jax_act_lu", results, x, scale, unused_amax, **_act_attrs(act, params),
+            "te_jax_act_lu",
+            results,
+            x,
+            scale,
+            unused_amax,
+            **_act_attrs(act, params),
             **_quant_attrs(cfg),
         )
     return outs, None, None
@@ -267,8 +286,9 @@ def _unpack_e2m1(packed, shape):
     return lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(shape)
 
 
-def _kernel(operands, scale, kind, act, params, cfg, is_dbias, batch_dims, reduce_amax=None,
-            dbias_f32=False):
+def _kernel(
+    operands, scale, kind, act, params, cfg, is_dbias, batch_dims, reduce_amax=None, dbias_f32=False
+):
     """The local computation: a dict of the results (see the module docstring).
 
     ``scale`` (batch + (1,)) is DELAYED's scale; the two-pass modes derive theirs from the amax
@@ -317,8 +337,16 @@ def _kernel(operands, scale, kind, act, params, cfg, is_dbias, batch_dims, reduc
 def _local_list(operands, scale, kind, act, params, cfg, is_dbias, batch_dims, **kw):
     x = operands[-1]
     if x.size == 0:
-        return _reference(*operands, scale, kind=kind, act=act, params=params, cfg=cfg,
-                          is_dbias=is_dbias, batch_dims=batch_dims)
+        return _reference(
+            *operands,
+            scale,
+            kind=kind,
+            act=act,
+            params=params,
+            cfg=cfg,
+            is_dbias=is_dbias,
+            batch_dims=batch_dims,
+        )
     res = _kernel(operands, scale, kind, act, params, cfg, is_dbias, batch_dims, **kw)
     return [res[k] for k in result_names(kind, cfg, is_dbias)]
 
@@ -330,7 +358,9 @@ def quantizer_of(cfg: QuantConfig, scale):
     """A quantizer with ``cfg``'s configuration (DELAYED: with ``scale``)."""
     if cfg.mode == ScalingMode.DELAYED_TENSOR_SCALING:
         return quantizers.DelayedScaleQuantizer(
-            q_dtype=cfg.q_dtype, q_layout=cfg.layout, scale=scale,
+            q_dtype=cfg.q_dtype,
+            q_layout=cfg.layout,
+            scale=scale,
             amax_history=jnp.zeros((1,), jnp.float32),
         )
     cls = {
@@ -373,6 +403,7 @@ def _reference_one(operands, scale, kind, act, params, cfg, is_dbias):
 
 def _reference(*args, kind, act, params, cfg, is_dbias, batch_dims):
     *operands, scale = args
+
     def fn(s, *ops):
         return _reference_one(ops, s, kind, act, params, cfg, is_dbias)
 
@@ -384,7 +415,7 @@ def _reference(*args, kind, act, params, cfg, is_dbias, batch_dims):
 # ---- sharding ---------------------------------------------------------------------------------
 
 
-def _specs(kind, act, cfg, batch_dims, x_spec):
+def _specs(kind, act, batch_dims, x_spec):
     """(x spec with the act axis unsplit, y spec, batch / lead / feat parts of y's spec)."""
     x_spec = list(x_spec)
     if act is not None and act.is_gated:
@@ -397,7 +428,7 @@ def _specs(kind, act, cfg, batch_dims, x_spec):
     return x_spec, y_spec, y_spec[:batch_dims], y_spec[batch_dims:-nf], y_spec[-nf:]
 
 
-def _result_specs(kind, cfg, is_dbias, bspec, lspec, fspec) -> dict:
+def _result_specs(cfg, bspec, lspec, fspec) -> dict:
     y = bspec + lspec + fspec
     per_batch = bspec + [None]
     return {
@@ -433,8 +464,7 @@ def _block_safe(cfg, x_spec, x_shape, mesh, kind, act, batch_dims):
     return x_spec
 
 
-def _sharding_rule(kind, act, params, cfg, is_dbias, batch_dims, mesh, operand_types,
-                   result_types):
+def _sharding_rule(kind, act, params, cfg, is_dbias, batch_dims, mesh, operand_types, result_types):
     rank = len(operand_types[-2].shape)  # x
     gated = act is not None and act.is_gated
     n_feat_x = 2 if gated else 1
@@ -489,8 +519,8 @@ def _partition(kind, act, params, cfg, is_dbias, batch_dims, mesh, arg_shapes, r
     rank = len(x_shape)
     x_spec = base.spec_of(arg_shapes[-2], rank)
     x_spec = _block_safe(cfg, x_spec, x_shape, mesh, kind, act, batch_dims)
-    x_spec, y_spec, bspec, lspec, fspec = _specs(kind, act, cfg, batch_dims, x_spec)
-    specs = _result_specs(kind, cfg, is_dbias, bspec, lspec, fspec)
+    x_spec, y_spec, bspec, lspec, fspec = _specs(kind, act, batch_dims, x_spec)
+    specs = _result_specs(cfg, bspec, lspec, fspec)
     names = result_names(kind, cfg, is_dbias)
     out_shardings = [base.named(mesh, specs[n]) for n in names]
     # One tensor per batch element: its amax is reduced over the axes splitting lead and feat.
@@ -501,8 +531,18 @@ def _partition(kind, act, params, cfg, is_dbias, batch_dims, mesh, arg_shapes, r
         *operands, scale = args
         reduce = (lambda a: lax.pmax(a, amax_axes)) if amax_axes else None
         sum_dbias = is_dbias and bool(row_axes)
-        res = _kernel(operands, scale, kind, act, params, cfg, is_dbias, batch_dims,
-                      reduce_amax=reduce, dbias_f32=sum_dbias)
+        res = _kernel(
+            operands,
+            scale,
+            kind,
+            act,
+            params,
+            cfg,
+            is_dbias,
+            batch_dims,
+            reduce_amax=reduce,
+            dbias_f32=sum_dbias,
+        )
         if sum_dbias:
             res["dbias"] = lax.psum(res["dbias"], row_axes).astype(operands[-1].dtype)
         return [res[n] for n in names]
@@ -551,8 +591,7 @@ def _partitioned(*args, **p):
     return (_partitioned2 if p["kind"] == "dact" else _partitioned1)(*args, **p)
 
 
-base.register_outer_rules(quantized_p, local=_local, partitioned=_partitioned,
-                          reference=_reference)
+base.register_outer_rules(quantized_p, local=_local, partitioned=_partitioned, reference=_reference)
 
 
 def _batch(args, dims, *, kind, act, params, cfg, is_dbias, batch_dims):
@@ -560,7 +599,12 @@ def _batch(args, dims, *, kind, act, params, cfg, is_dbias, batch_dims):
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True)]
     outs = quantized_p.bind(
-        *args, kind=kind, act=act, params=params, cfg=cfg, is_dbias=is_dbias,
+        *args,
+        kind=kind,
+        act=act,
+        params=params,
+        cfg=cfg,
+        is_dbias=is_dbias,
         batch_dims=batch_dims + 1,
     )
     return outs, [0] * len(outs)
@@ -580,7 +624,13 @@ def bind_quantized(
 ) -> dict:
     """Binds the outer primitive; returns ``{result name: array}`` (see ``result_names``)."""
     outs = quantized_p.bind(
-        *operands, jnp.asarray(scale, jnp.float32).reshape(1), kind=kind, act=act,
-        params=params, cfg=cfg, is_dbias=is_dbias, batch_dims=0,
+        *operands,
+        jnp.asarray(scale, jnp.float32).reshape(1),
+        kind=kind,
+        act=act,
+        params=params,
+        cfg=cfg,
+        is_dbias=is_dbias,
+        batch_dims=0,
     )
     return dict(zip(result_names(kind, cfg, is_dbias), outs, strict=True))
