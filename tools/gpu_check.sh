@@ -3,10 +3,12 @@
 #   bash tools/gpu_check.sh build test sanitize bench
 # build     pip install (CUDA forced on) against the machine's own jaxlib; skipped if this machine
 #           already has a te_jax with the CUDA extension from this tree
-# test      the full pytest suite (the same files CI runs on the CPU)
+# test      the full pytest suite (the same files CI runs on the CPU); PYTEST_ARGS picks a part
+#           (a device call is limited to 600 s: split the suite across calls)
 # sanitize  the standalone kernel test, plain and under compute-sanitizer (memcheck, racecheck,
 #           initcheck, synccheck)
-# bench     the benchmark table (benchmarks/activations.py), Markdown + JSON under $OUT
+# bench     the activation benchmark table (benchmarks/activations.py), Markdown + JSON under $OUT
+# qbench    the quantization benchmark table (benchmarks/quantize.py), Markdown + JSON under $OUT
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
 # stages write one log each (the sanitizer summaries are folded into sanitize.log).
 set -u
@@ -41,8 +43,10 @@ for stage in "$@"; do
       (cd /tmp && python3 -c "import te_jax; print('ffi cpu', te_jax.ffi_available('cpu'), 'cuda', te_jax.ffi_available('cuda'), te_jax._ffi._load_errors)")
       ;;
     test)
-      stamp "pytest (full suite)"
-      python3 -m pytest -q -p no:cacheprovider tests -x --durations=10 >"$OUT/pytest.log" 2>&1 || status=1
+      stamp "pytest ${PYTEST_ARGS:-tests}"
+      # shellcheck disable=SC2086
+      python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} --maxfail=20 -rf --durations=10 \
+        >"$OUT/pytest.log" 2>&1 || status=1
       tail -n 25 "$OUT/pytest.log"
       ;;
     sanitize)
@@ -55,6 +59,11 @@ for stage in "$@"; do
       stamp "benchmarks"
       python3 -m benchmarks.activations --small --out "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1 || status=1
       tail -n 80 "$OUT/bench.log"
+      ;;
+    qbench)
+      stamp "quantization benchmarks"
+      python3 -m benchmarks.quantize --out "$OUT/bench" ${QBENCH_ARGS:-} >"$OUT/qbench.log" 2>&1 || status=1
+      tail -n 40 "$OUT/qbench.log"
       ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac

@@ -3,11 +3,11 @@
 // execute and initialize stages.
 //
 // te_jax_act_lu (ActLuFFI)
-//   args  x (..., [2,] H), scale f32[1], amax f32[1]
+//   args  x (..., [2,] H), scale f32[batches], amax f32[batches]
 //   rets  output, colwise_output, scale_inv, colwise_scale_inv, updated_amax
 //   attrs act_enum, scaling_mode, quantize_layout, act_params, output_amax
 // te_jax_dact_dbias_quantize (DActLuDBiasQuantizeFFI)
-//   args  dz (..., H), x (..., [2,] H), scale f32[1], amax f32[1]
+//   args  dz (..., H), x (..., [2,] H), scale f32[batches], amax f32[batches]
 //   rets  output, colwise_output, scale_inv, colwise_scale_inv, updated_amax, dbias, workspace
 //   attrs scaling_mode, act_enum, quantize_layout, is_dbias, act_params, output_amax
 // te_jax_quantize (QuantizeFFI): act_lu of the identity, x 2-D [M, N]
@@ -17,10 +17,10 @@
 // te_jax_dact_dbias_amax: first pass of dact_dbias in the two-pass modes
 //   args  dz, x; rets amax f32[batches], dbias, workspace; attrs act_enum, is_dbias, act_params
 //
-// `scale` f32[batches] is what y is multiplied by (DELAYED: the quantizer's scale; CURRENT:
-// Q / global amax; NVFP4: the global scale S), computed by the caller; `amax` is not read (it
-// keeps TE's argument list). Outputs a mode does not produce are empty (shape (0,)); see
-// problem.h for every buffer's shape.
+// DELAYED multiplies y by `scale` (the quantizer's); CURRENT and NVFP4 read `amax` (the global
+// amax of their first pass) and derive the scale in the kernel; the other input is not read.
+// updated_amax is DELAYED's amax and NVFP4's global_scale_inv (1 / S). Outputs a mode does not
+// produce are empty (shape (0,)); see problem.h for every buffer's shape.
 #pragma once
 
 #include <utility>

@@ -279,4 +279,83 @@ TE_HD float div_exact(float x) {
   return b::select(tiny, b::to_float(q + up), x / static_cast<float>(C));
 }
 
+// ---- tensor scales (SPEC.md section 4) --------------------------------------------------------
+
+namespace detail {
+
+// clz of a nonzero 32-bit value.
+TE_HD int clz32(uint32_t v) {
+#if defined(__CUDA_ARCH__)
+  return __clz(v);
+#else
+  return __builtin_clz(v);
+#endif
+}
+
+// |x| = m * 2^(e - 23) with m in [2^23, 2^24) (subnormals normalised), for finite nonzero x.
+TE_HD void significand(uint32_t u, uint32_t& m, int& e) {
+  const uint32_t biased = (u >> 23) & 0xffu, frac = u & 0x7fffffu;
+  if (biased == 0) {
+    const int shift = clz32(frac) - 8;
+    m = frac << shift;
+    e = -126 - shift;
+  } else {
+    m = frac | 0x800000u;
+    e = static_cast<int>(biased) - 127;
+  }
+}
+
+}  // namespace detail
+
+// a / b in float32, correctly rounded (ties to even) for every result, subnormal included, with
+// IEEE special cases; integer arithmetic only, so the CPU's FTZ/DAZ mode cannot change it.
+// The significands' quotient (ma << 40) / mb has 40 or 41 bits; its remainder is the sticky bit.
+TE_HD float div_rn(float a, float b) {
+  namespace bb = math::host::bits;
+  const uint32_t ua = bb::of(a), ub = bb::of(b);
+  const uint32_t sign = (ua ^ ub) & 0x80000000u;
+  const uint32_t aa = ua & 0x7fffffffu, ab = ub & 0x7fffffffu;
+  const bool a_nan = aa > 0x7f800000u, b_nan = ab > 0x7f800000u;
+  const bool a_inf = aa == 0x7f800000u, b_inf = ab == 0x7f800000u;
+  const bool a_zero = aa == 0u, b_zero = ab == 0u;
+  if (a_nan || b_nan || (a_zero && b_zero) || (a_inf && b_inf)) return bb::to_float(0x7fc00000u);
+  if (a_inf || b_zero) return bb::to_float(sign | 0x7f800000u);
+  if (a_zero || b_inf) return bb::to_float(sign);
+  uint32_t ma, mb;
+  int ea, eb;
+  detail::significand(ua, ma, ea);
+  detail::significand(ub, mb, eb);
+  const uint64_t num = static_cast<uint64_t>(ma) << 40;
+  const uint64_t q = num / mb;
+  const bool rem = num % mb != 0u;
+  const int p = q >> 40 ? 40 : 39;  // the leading bit of q
+  const int e = ea - eb + p - 40;   // |a / b| = (q / 2^p) * 2^e, q / 2^p in [1, 2)
+  if (e > 127) return bb::to_float(sign | 0x7f800000u);
+  // Keep 24 bits (a normal result) or fewer (a subnormal one: the unit is 2^-149).
+  const int drop = p - 23 + (e < -126 ? -126 - e : 0);
+  if (drop > 62) return bb::to_float(sign);  // below half the smallest subnormal
+  const uint64_t kept = q >> drop, rest = q & ((uint64_t{1} << drop) - 1u);
+  const uint64_t half = uint64_t{1} << (drop - 1);
+  const bool up = rest > half || (rest == half && (rem || (kept & 1u)));
+  const uint64_t mant = kept + (up ? 1u : 0u);
+  // Normal: (biased exponent - 1) << 23 plus the significand with its hidden bit, so a carry
+  // out of the significand bumps the exponent (to inf past the largest finite value).
+  // Subnormal: the count of 2^-149 units is the bit pattern (a carry gives the smallest normal).
+  const uint64_t bits = e < -126 ? mant : (static_cast<uint64_t>(e + 126) << 23) + mant;
+  return bb::to_float(sign | static_cast<uint32_t>(bits));
+}
+
+// NVFP4's global scale maps the tensor amax onto E2M1 max * E4M3 max.
+inline constexpr float kNvfp4GlobalQ = 6.0f * 448.0f;
+
+// The two-pass modes' tensor scale from the (global) amax: numerator / amax (CURRENT: the
+// format's max Q; NVFP4: 6 * 448), 1 when amax is 0, float32 max when the quotient overflows,
+// NaN for a NaN amax. Bit for bit te_jax.quantize.reference._scale_from.
+TE_HD float scale_from_amax(float amax, float numerator) {
+  namespace bb = math::host::bits;
+  if ((bb::of(amax) & 0x7fffffffu) == 0u) return 1.0f;
+  const float s = div_rn(numerator, amax);
+  return (bb::of(s) & 0x7fffffffu) == 0x7f800000u ? 0x1.fffffep127f : s;
+}
+
 }  // namespace te_jax::fmt

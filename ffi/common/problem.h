@@ -17,11 +17,15 @@
 // dact: N = act_len * H) split into `batches` independent tensors of M / batches consecutive rows
 // (one per vmapped batch element; 1 otherwise), each with its own tensor scale and amax:
 //   DELAYED / CURRENT  data fp8 [M, N]; colwise fp8 [batches, N, M / batches] (each batch's
-//                      transpose); scale f32[batches] multiplies y; scale_inv f32[batches] = 1/scale
+//                      transpose); scale_inv f32[batches] = 1/scale
 //   MXFP8              data and colwise fp8 [M, N]; block scales E8M0 [M, N/32] / [M/32, N]
 //   NVFP4              data and colwise E2M1 packed two per byte (first element in the low nibble)
-//                      uint8 [M, N/2]; block scales E4M3 [M, N/16] / [M/16, N]; scale f32[batches]
-//                      is the global scale S
+//                      uint8 [M, N/2]; block scales E4M3 [M, N/16] / [M/16, N]; the global
+//                      scale S; its inverse 1/S goes to the updated_amax slot (f32[batches])
+// Inputs scale and amax, f32[batches]: DELAYED reads `scale`; CURRENT and NVFP4 read `amax`, the
+// (global) amax of their first pass, and derive the scale (fmt::scale_from_amax: Q / amax, resp.
+// 6 * 448 / amax), so no scale arithmetic is left to the caller. Every 1/scale is fmt::div_rn
+// (correctly rounded, subnormal results included, under any denormal mode).
 // The value quantized is y rounded to x's dtype (what NO_SCALING would output), so a fused op
 // equals quantize(op(x)) bit for bit; dbias still sums the unrounded float32 values.
 // The amax targets (te_jax_act_amax, te_jax_dact_dbias_amax) are the first pass of the two-pass
@@ -36,6 +40,7 @@
 
 #include "common/activations.h"
 #include "common/attrs.h"
+#include "common/formats.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace te_jax {
@@ -54,15 +59,21 @@ struct QuantOutput {
   ScalingMode mode = ScalingMode::NO_SCALING;  // NO_SCALING: the amax pass (only amax written)
   QType qtype = QType::E4M3;
   int64_t batches = 1;
-  const float* scale = nullptr;          // [batches]: DELAYED, CURRENT, NVFP4
+  const float* scale = nullptr;          // [batches]: DELAYED the scale; CURRENT / NVFP4 the amax
+                                         // input (the scale derives from it)
+  float scale_numerator = 0.0f;          // CURRENT: Q; NVFP4: 6 * 448; DELAYED: 0 (scale given)
   uint8_t* data = nullptr;               // rowwise codes
   uint8_t* colwise = nullptr;            // colwise codes
-  float* scale_inv = nullptr;            // [batches]: DELAYED, CURRENT
+  float* scale_inv = nullptr;            // [batches] 1 / scale: DELAYED, CURRENT; NVFP4 1 / S
   uint8_t* block_scale = nullptr;        // MXFP8 / NVFP4 rowwise block scales
   uint8_t* colwise_block_scale = nullptr;
   float* amax = nullptr;                 // [batches] max|y|
   bool rowwise() const { return data != nullptr; }
   bool colwise_out() const { return colwise != nullptr; }
+  // The tensor scale of batch b (DELAYED, CURRENT, NVFP4).
+  float tensor_scale(int64_t b) const {
+    return scale_numerator > 0.0f ? fmt::scale_from_amax(scale[b], scale_numerator) : scale[b];
+  }
 };
 
 struct ActLuProblem {
@@ -172,7 +183,7 @@ inline std::string count_error(const char* what, size_t want, ffi::AnyBuffer b) 
 // a scaling block must not straddle (gated dact: the two halves, unit = H; otherwise unit = n).
 // NO_SCALING fills y / amax (the fast path); the scaled modes fill q and set quantized.
 struct OutputBuffers {
-  ffi::AnyBuffer scale, out, colwise_out, scale_inv, colwise_scale_inv, updated_amax;
+  ffi::AnyBuffer scale, amax_in, out, colwise_out, scale_inv, colwise_scale_inv, updated_amax;
 };
 
 inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout layout,
@@ -220,11 +231,16 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
   const bool col = layout != QuantizeLayout::ROWWISE;
   q = QuantOutput{};
   q.mode = mode;
-  q.batches = static_cast<int64_t>(b.scale.element_count());
+  // One tensor per element of the per-batch input: CURRENT and NVFP4 read the amax of their
+  // first pass, DELAYED (and MXFP8, for the count only) the scale.
+  const bool from_amax = mode == ScalingMode::CURRENT_TENSOR_SCALING || nvfp4;
+  const ffi::AnyBuffer& per_batch_in = from_amax ? b.amax_in : b.scale;
+  const char* per_batch_name = from_amax ? "amax" : "scale";
+  q.batches = static_cast<int64_t>(per_batch_in.element_count());
   if (q.batches < 1 || (m % q.batches) != 0) {
-    return invalid(op, "scale must have one element per batch (a divisor of the " +
-                           std::to_string(m) + " rows), got shape " +
-                           dims_str(b.scale.dimensions()));
+    return invalid(op, std::string(per_batch_name) + " must have one element per batch (a " +
+                           "divisor of the " + std::to_string(m) + " rows), got shape " +
+                           dims_str(per_batch_in.dimensions()));
   }
   const int64_t rows_per_batch = m / q.batches;
 
@@ -298,16 +314,19 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
     if (col) q.colwise_block_scale = static_cast<uint8_t*>(b.colwise_scale_inv.untyped_data());
   }
 
-  const size_t amax_count = b.updated_amax.element_count();
-  const bool amax_required = mode == ScalingMode::DELAYED_TENSOR_SCALING;
-  if (amax_count != static_cast<size_t>(q.batches) && (amax_required || amax_count != 0)) {
-    return invalid(op, std::string("updated_amax must have one element per batch (") +
-                           std::to_string(q.batches) + ")" +
-                           (amax_required ? "" : " or none") + ", got shape " +
+  // The per-batch float32 slot: DELAYED's amax, NVFP4's 1/S; empty otherwise.
+  const bool per_batch = mode == ScalingMode::DELAYED_TENSOR_SCALING || nvfp4;
+  const size_t want_per_batch = per_batch ? static_cast<size_t>(q.batches) : 0;
+  if (b.updated_amax.element_count() != want_per_batch) {
+    return invalid(op, std::string("updated_amax must have ") + std::to_string(want_per_batch) +
+                           " element(s) for " + scaling_mode_name(mode) + ", got shape " +
                            dims_str(b.updated_amax.dimensions()));
   }
-  if (amax_count != 0) q.amax = b.updated_amax.typed_data<float>();
-  if (mode != ScalingMode::MXFP8_1D_SCALING) q.scale = b.scale.typed_data<float>();
+  if (mode != ScalingMode::MXFP8_1D_SCALING) q.scale = per_batch_in.typed_data<float>();
+  if (mode == ScalingMode::DELAYED_TENSOR_SCALING) q.amax = b.updated_amax.typed_data<float>();
+  if (nvfp4) q.scale_inv = b.updated_amax.typed_data<float>();
+  if (mode == ScalingMode::CURRENT_TENSOR_SCALING) q.scale_numerator = q.qtype == QType::E5M2 ? fmt::E5M2::kMax : fmt::E4M3::kMax;
+  if (nvfp4) q.scale_numerator = fmt::kNvfp4GlobalQ;
   if (row) q.data = static_cast<uint8_t*>(b.out.untyped_data());
   if (col) q.colwise = static_cast<uint8_t*>(b.colwise_out.untyped_data());
   y = nullptr;
@@ -430,7 +449,8 @@ inline ffi::Error decode_act_lu(
   int act_len = 0;
   if (auto e = decode_act_input(op, p, x, act, params, act_len); e.failure()) return e;
   if (amax.element_type() != ffi::DataType::F32) return invalid(op, "amax must be float32");
-  const OutputBuffers b{scale, *out, *colwise_out, *scale_inv, *colwise_scale_inv, *updated_amax};
+  const OutputBuffers b{scale,          amax,       *out, *colwise_out, *scale_inv, *colwise_scale_inv,
+                        *updated_amax};
   return decode_output(op, mode, layout, x.element_type(), p.rows, p.hidden, p.hidden, b,
                        output_amax, p.y, p.amax, p.quantized, p.q);
 }
@@ -452,7 +472,8 @@ inline ffi::Error decode_dact_dbias(
       (out->element_type() != x.element_type() || !same_dims(out->dimensions(), x.dimensions()))) {
     return invalid(op, "output must have x's shape " + dims_str(x.dimensions()) + " and dtype");
   }
-  const OutputBuffers b{scale, *out, *colwise_out, *scale_inv, *colwise_scale_inv, *updated_amax};
+  const OutputBuffers b{scale,          amax,       *out, *colwise_out, *scale_inv, *colwise_scale_inv,
+                        *updated_amax};
   if (auto e = decode_output(op, mode, layout, x.element_type(), p.rows, p.act_len * p.hidden,
                              p.hidden, b, output_amax, p.dx, p.amax, p.quantized, p.q);
       e.failure()) {

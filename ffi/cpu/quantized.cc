@@ -258,7 +258,7 @@ struct Emitter {
   }
 
   void tensor(Tile& t, int64_t L, int64_t n) const {
-    const float s = q.scale[t.batch];
+    const float s = q.tensor_scale(t.batch);
     for (int l = 0; l < L; ++l) {
       for (int64_t i = 0; i < t.nr; ++i) {
         if (q.data != nullptr) {
@@ -299,7 +299,7 @@ struct Emitter {
   }
 
   void nvfp4(Tile& t, int64_t L, int64_t n) const {
-    const float s = q.scale[t.batch];
+    const float s = q.tensor_scale(t.batch);
     for (int l = 0; l < L; ++l) {
       const int64_t col = l * g.h + t.c0;
       if (q.data != nullptr) {
@@ -344,7 +344,7 @@ void finish(const QuantOutput& q, const std::vector<int32_t>& keys,
     for (int64_t b = 0; b < q.batches; ++b) q.amax[b] = F32::key_value(batch_key[b]);
   }
   if (q.scale_inv != nullptr) {
-    for (int64_t b = 0; b < q.batches; ++b) q.scale_inv[b] = 1.0f / q.scale[b];
+    for (int64_t b = 0; b < q.batches; ++b) q.scale_inv[b] = fmt::div_rn(1.0f, q.tensor_scale(b));
   }
 }
 

@@ -93,8 +93,9 @@ struct QArgs {
   uint8_t* colwise;      // colwise codes, or nullptr
   uint8_t* bscale;       // rowwise block scales (MXFP8 / NVFP4)
   uint8_t* cbscale;      // colwise block scales
-  const float* scale;    // [batches] (TENSOR, NVFP4)
-  float* scale_inv;      // [batches] (TENSOR), or nullptr
+  const float* scale;    // [batches] (TENSOR, NVFP4): the scale, or the amax it derives from
+  float scale_numerator; // > 0: `scale` holds the amax; the scale is fmt::scale_from_amax
+  float* scale_inv;      // [batches] 1 / scale (TENSOR; NVFP4: 1 / S), or nullptr
   unsigned* amax;        // [batches] bits of max|y|, or nullptr
   float* ws;             // dbias partials [batches, groups, n], or nullptr
   float qmax;            // MXFP8: the format's max
@@ -103,6 +104,12 @@ struct QArgs {
   bool vec_out;          // rowwise-layout codes stored 8 (NVFP4: 4) bytes at a time
   bool vec_t;            // transposed codes stored 8R bytes at a time
 };
+
+// The tensor scale of batch b: given (DELAYED) or derived from the amax (CURRENT, NVFP4).
+__device__ __forceinline__ float tensor_scale(const QArgs& a, uint64_t b) {
+  return a.scale_numerator > 0.0f ? fmt::scale_from_amax(a.scale[b], a.scale_numerator)
+                                  : a.scale[b];
+}
 
 // 8 consecutive elements of T as raw 32-bit words.
 template <typename T>
@@ -429,10 +436,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
   const T* dz = static_cast<const T*>(a.dz);
   const bool rowwise = a.data != nullptr, colwise = a.colwise != nullptr;
 
-  if constexpr (M == Mode::kTensor) {
+  if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) {
     if (a.scale_inv != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
       for (uint64_t b = tid; b < a.batches; b += kThreads) {
-        a.scale_inv[b] = __fdiv_rn(1.0f, a.scale[b]);
+        a.scale_inv[b] = fmt::div_rn(1.0f, tensor_scale(a, b));
       }
     }
   }
@@ -451,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
     const uint64_t c0 = tile_c0 + static_cast<uint64_t>(tx) * 8;  // this lane's first column
     const int ncol = c0 < H ? static_cast<int>(std::min<uint64_t>(8, H - c0)) : 0;
     float s = 0.0f;
-    if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) s = a.scale[b];
+    if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) s = tensor_scale(a, b);
     uint32_t amax_p = 0;  // packed max of |y| (V8::to_key)
     float acc[O][8];
 #pragma unroll
@@ -811,6 +818,7 @@ cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchCo
   a.bscale = q.block_scale;
   a.cbscale = q.colwise_block_scale;
   a.scale = q.scale;
+  a.scale_numerator = q.scale_numerator;
   a.scale_inv = q.scale_inv;
   a.amax = reinterpret_cast<unsigned*>(q.amax);
   a.ws = c.ws;
@@ -826,7 +834,7 @@ cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchCo
   constexpr int kChunkRows = 8 * G::R;
   a.vec_t = a.mb % kChunkRows == 0 && aligned(q.colwise, 16);
 
-  const bool scale_inv = M == Mode::kTensor && q.scale_inv != nullptr;
+  const bool scale_inv = q.scale_inv != nullptr;
   if (items == 0 && !scale_inv) return cudaSuccess;
   // One block per item; LaunchConfig::max_blocks (tests) caps the grid, x first.
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};

@@ -53,6 +53,40 @@ def test_saturating_cast_matches_ml_dtypes(q_dtype, rng):
     assert got.astype(F32).max() == q and got.astype(F32).min() == -q
 
 
+def _all_codes(dtype):
+    """Every bit pattern of ``dtype`` as an array of that dtype (E2M1: one code per uint8)."""
+    dt = np.dtype(dtype)
+    if dt == E2M1:
+        return np.arange(16, dtype=np.uint8).view(E2M1)  # ml_dtypes keeps one code per byte
+    unsigned = {1: np.uint8, 2: np.uint16}[dt.itemsize]
+    return np.arange(1 << (8 * dt.itemsize), dtype=np.int64).astype(unsigned).view(dt)
+
+
+def _same_float32(got, want):
+    got, want = np.asarray(got, F32), np.asarray(want, F32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, E4M3, E5M2, E2M1], ids=str)
+def test_to_float32_decodes_every_code(dtype):
+    codes = _all_codes(dtype)
+    _same_float32(jax.jit(formats.to_float32)(jnp.asarray(codes)), codes.astype(F32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, E4M3, E5M2, E2M1], ids=str)
+def test_rounding_survives_a_round_trip_in_one_program(dtype, rng):
+    """narrow-then-widen inside one jit keeps the rounding (XLA:GPU drops the pair
+    convert(convert(x)) by default; to_float32 is not a convert)."""
+    x = (rng.standard_normal(4096) * 1.37).astype(F32)
+    q = formats.Q_MAX.get(np.dtype(dtype))
+    narrow = (lambda v: formats.saturating_cast(v, dtype)) if q else (lambda v: v.astype(dtype))
+    got = jax.jit(lambda v: formats.to_float32(narrow(v)))(x)
+    want = (np.clip(x, -q, q) if q else x).astype(dtype).astype(F32)
+    _same_float32(got, want)
+
+
 @pytest.mark.parametrize("q_dtype", [E4M3, E5M2], ids=str)
 def test_nan_stays_nan(q_dtype):
     got = jax.jit(lambda v: formats.saturating_cast(v, q_dtype))(jnp.asarray([np.nan, 1.0]))

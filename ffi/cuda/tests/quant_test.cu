@@ -147,7 +147,7 @@ Outputs reference(const TestSpec& s, const std::vector<float>& y, int64_t M, int
         }
       }
       r.scale_inv.resize(B);
-      for (int64_t b = 0; b < B; ++b) r.scale_inv[b] = 1.0f / scale[b];
+      for (int64_t b = 0; b < B; ++b) r.scale_inv[b] = fmt::div_rn(1.0f, scale[b]);
       break;
     }
     case QM::MX: {
@@ -235,6 +235,8 @@ Outputs reference(const TestSpec& s, const std::vector<float>& y, int64_t M, int
           }
         }
       }
+      r.scale_inv.resize(B);
+      for (int64_t b = 0; b < B; ++b) r.scale_inv[b] = fmt::div_rn(1.0f, scale[b]);
       break;
     }
     case QM::AMAX: break;
@@ -325,9 +327,11 @@ void run_case(const TestSpec& s) {
       for (size_t i = 0; i < h.size(); ++i) y[i] = DT<T>::to(h[i]);
     }
 
-    // Scales per batch: tensor modes Q / amax_b times a factor (some batches saturate), NVFP4 the
-    // global scale 6 * 448 / amax_b.
-    std::vector<float> scale(B, 1.0f);
+    // Scales per batch: DELAYED Q / amax_b times a factor (some batches saturate), given to the
+    // kernel; CURRENT and NVFP4 get an amax (CURRENT's scaled by a factor, so some batches
+    // saturate) and derive the scale themselves: Q / amax, resp. 6 * 448 / amax.
+    std::vector<float> scale(B, 1.0f), scale_in(B, 1.0f);
+    float numerator = 0.0f;
     {
       const TestSpec amax_spec{s.act, s.bwd, QM::AMAX, s.qtype, false, false, M, H, B, 0, 0, false};
       const Outputs a = reference(amax_spec, y, M, N, scale);
@@ -335,9 +339,15 @@ void run_case(const TestSpec& s) {
       for (int64_t b = 0; b < B; ++b) {
         const float am = a.amax[b];
         if (s.mode == QM::NVFP4) {
-          scale[b] = am > 0 ? (6.0f * 448.0f) / am : 1.0f;
-        } else if (s.mode == QM::DELAYED || s.mode == QM::CURRENT) {
-          scale[b] = am > 0 ? qmax8(s.qtype) / am * factors[b % 4] : 1.0f;
+          numerator = fmt::kNvfp4GlobalQ;
+          scale_in[b] = am;
+          scale[b] = fmt::scale_from_amax(am, numerator);
+        } else if (s.mode == QM::CURRENT) {
+          numerator = qmax8(s.qtype);
+          scale_in[b] = am / factors[b % 4];
+          scale[b] = fmt::scale_from_amax(scale_in[b], numerator);
+        } else if (s.mode == QM::DELAYED) {
+          scale[b] = scale_in[b] = am > 0 ? qmax8(s.qtype) / am * factors[b % 4] : 1.0f;
         }
       }
     }
@@ -354,13 +364,13 @@ void run_case(const TestSpec& s) {
     o.bscale.alloc(!tensor && s.row && s.mode != QM::AMAX ? M * N / bs : 0, mis);
     o.cbscale.alloc(!tensor && s.col && s.mode != QM::AMAX ? M * N / bs : 0, mis);
     o.scale.alloc(B, 0);
-    o.scale_inv.alloc(tensor ? B : 0, 0);
+    o.scale_inv.alloc(tensor || nvfp4 ? B : 0, 0);
     const bool want_amax = s.mode != QM::CURRENT && s.mode != QM::MX;
     o.amax.alloc(want_amax ? B : 0, 0);
     const bool dbias = s.bwd && s.groups > 0;
     o.ws.alloc(dbias ? B * s.groups * N : 0, 0);
     o.dbias.alloc(dbias ? B * N * sizeof(T) : 0, 0);
-    o.scale.upload(scale);
+    o.scale.upload(scale_in);
 
     QuantOutput q{};
     q.mode = s.mode == QM::DELAYED   ? ScalingMode::DELAYED_TENSOR_SCALING
@@ -371,6 +381,7 @@ void run_case(const TestSpec& s) {
     q.qtype = s.qtype;
     q.batches = B;
     q.scale = (tensor || nvfp4) ? o.scale.ptr : nullptr;
+    q.scale_numerator = numerator;
     q.data = o.data.get();
     q.colwise = o.colwise.get();
     q.scale_inv = o.scale_inv.get();
@@ -430,7 +441,9 @@ void run_case(const TestSpec& s) {
       if (!tensor && s.col) {
         compare_bytes(tag, "colwise_scale_inv", o.cbscale.download(), want.cbscale);
       }
-      if (tensor) compare_floats(tag, "scale_inv", o.scale_inv.download(), want.scale_inv);
+      if (tensor || nvfp4) {
+        compare_floats(tag, "scale_inv", o.scale_inv.download(), want.scale_inv);
+      }
     }
     if (want_amax) compare_floats(tag, "amax", o.amax.download(), want.amax);
 
@@ -779,14 +792,15 @@ void bench() {
     const bool tensor =
         m == ScalingMode::DELAYED_TENSOR_SCALING || m == ScalingMode::CURRENT_TENSOR_SCALING;
     if (tensor || m == ScalingMode::NVFP4_1D_SCALING) q.scale = scale.ptr;
+    // The two-pass modes' second pass derives its scale from the amax, as the handlers set up.
+    if (m == ScalingMode::CURRENT_TENSOR_SCALING) q.scale_numerator = fmt::E4M3::kMax;
+    if (m == ScalingMode::NVFP4_1D_SCALING) q.scale_numerator = fmt::kNvfp4GlobalQ;
     if (row) q.data = out.ptr;
     if (colw) q.colwise = col.ptr;
-    if (tensor) q.scale_inv = scale_inv.ptr;
+    if (tensor || m == ScalingMode::NVFP4_1D_SCALING) q.scale_inv = scale_inv.ptr;
     if (!tensor && row) q.block_scale = s1.ptr;
     if (!tensor && colw) q.colwise_block_scale = s2.ptr;
-    if (m == ScalingMode::DELAYED_TENSOR_SCALING || m == ScalingMode::NVFP4_1D_SCALING) {
-      q.amax = amax.ptr;
-    }
+    if (m == ScalingMode::DELAYED_TENSOR_SCALING) q.amax = amax.ptr;
     return q;
   };
   auto fwd = [&](ActivationEnum act, QuantOutput q, bool quantized = true) {

@@ -41,9 +41,8 @@ from te_jax import reference
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
 from te_jax.primitives.dact_dbias import dbias_groups
-from te_jax.quantize import ieee, quantizers
+from te_jax.quantize import quantizers
 from te_jax.quantize import reference as qref
-from te_jax.quantize.formats import q_max
 from te_jax.quantize.modes import QuantizeLayout, ScalingMode
 
 IDENTITY_ENUM = np.int64(99)  # ActivationEnum::IDENTITY: the standalone quantize kernels
@@ -181,7 +180,9 @@ def _ffi_results(cfg: QuantConfig, g: Geometry) -> list[jax.ShapeDtypeStruct]:
         out.append(sds((m, n // bs), cfg.block_scale_dtype) if row else empty)
         out.append(sds((m // bs, n), cfg.block_scale_dtype) if col else empty)
     delayed = cfg.mode == ScalingMode.DELAYED_TENSOR_SCALING
-    out.append(sds((b,), _F32) if delayed else sds((0,), _F32))
+    # The per-batch float32 slot: DELAYED's amax, NVFP4's global_scale_inv (1 / S).
+    per_batch = delayed or nvfp4
+    out.append(sds((b,), _F32) if per_batch else sds((0,), _F32))
     return out
 
 
@@ -229,9 +230,12 @@ def _amax_pass(kind, act, params, is_dbias, g: Geometry, operands):
     return a, None, None
 
 
-def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scale):
-    """The quantizing call: ``(5 quantized buffers, dbias or None, workspace)``."""
-    unused_amax = jnp.zeros((1,), jnp.float32)
+def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scale=None, amax=None):
+    """The quantizing call: ``(5 quantized buffers, dbias or None, workspace)``. DELAYED reads
+    ``scale``, CURRENT and NVFP4 ``amax`` (float32, one per batch); the other is a placeholder."""
+    unused = jnp.zeros((1,), jnp.float32)
+    scale = unused if scale is None else scale
+    amax = unused if amax is None else amax
     results = _ffi_results(cfg, g)
     if kind == "dact":
         dz, x = operands
@@ -241,7 +245,7 @@ def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scal
             dz,
             x,
             scale,
-            unused_amax,
+            amax,
             is_dbias=np.bool_(is_dbias),
             **_act_attrs(act, params),
             **_quant_attrs(cfg),
@@ -254,7 +258,7 @@ def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scal
             results,
             x.reshape(g.m, g.n),
             scale,
-            unused_amax,
+            amax,
             **_quant_attrs(cfg),
         )
     else:
@@ -263,22 +267,11 @@ def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scal
             results,
             x,
             scale,
-            unused_amax,
+            amax,
             **_act_attrs(act, params),
             **_quant_attrs(cfg),
         )
     return outs, None, None
-
-
-def _tensor_scale(cfg: QuantConfig, amax):
-    if cfg.mode == ScalingMode.NVFP4_1D_SCALING:
-        return qref.nvfp4_global_scale(amax)
-    return qref.current_scale(amax, q_max(cfg.q_dtype))
-
-
-def _reciprocal(s):
-    """``1 / s`` in float32, correctly rounded also when the result is subnormal."""
-    return ieee.div(jnp.float32(1.0), s)
 
 
 def _unpack_e2m1(packed, shape):
@@ -291,9 +284,11 @@ def _kernel(
 ):
     """The local computation: a dict of the results (see the module docstring).
 
-    ``scale`` (batch + (1,)) is DELAYED's scale; the two-pass modes derive theirs from the amax
-    pass, max-reduced by ``reduce_amax`` (the partition's pmax) first. With ``dbias_f32`` dbias
-    is the float32 sum of the local rows (for a cross-shard sum in float32).
+    ``scale`` (batch + (1,)) is DELAYED's scale. The two-pass modes hand the second pass the
+    amax of the first, max-reduced by ``reduce_amax`` (the partition's pmax), and the kernel
+    derives the scale (Q / amax, resp. 6 * 448 / amax) and writes 1 / scale, both exactly
+    (problem.h). With ``dbias_f32`` dbias is the float32 sum of the local rows (for a
+    cross-shard sum in float32).
     """
     x = operands[-1]
     g = geometry(kind, act, x.shape, batch_dims)
@@ -304,11 +299,10 @@ def _kernel(
         amax, dbias, workspace = _amax_pass(kind, act, params, is_dbias, g, operands)
         if reduce_amax is not None:
             amax = reduce_amax(amax)
-        s = _tensor_scale(cfg, amax)
-        bufs, _, _ = _quantize_pass(kind, act, params, cfg, False, g, operands, s)
+        bufs, _, _ = _quantize_pass(kind, act, params, cfg, False, g, operands, amax=amax)
         res["amax"] = amax
         if cfg.mode == ScalingMode.NVFP4_1D_SCALING:
-            res["global_scale_inv"] = _reciprocal(s)
+            res["global_scale_inv"] = bufs[4]
     else:
         s = scale.reshape(g.b).astype(jnp.float32)
         bufs, dbias, workspace = _quantize_pass(kind, act, params, cfg, is_dbias, g, operands, s)
@@ -324,9 +318,7 @@ def _kernel(
         shape = avals["colwise_data"].shape
         res["colwise_data"] = _unpack_e2m1(colwise, shape) if nvfp4 else colwise
     if "scale_inv" in avals:
-        # Tensor modes: 1 / scale in JAX, exactly (the kernel's own float32 division would be
-        # flushed to 0 under XLA:CPU's denormal mode when the scale is huge).
-        res["scale_inv"] = _reciprocal(s) if cfg.mode.is_tensor_scaling else scale_inv
+        res["scale_inv"] = scale_inv
     if "colwise_scale_inv" in avals:
         res["colwise_scale_inv"] = colwise_scale_inv
     if "dbias" in avals:

@@ -10,6 +10,11 @@
 Casts to these formats round to nearest, ties to even, and saturate: ``saturating_cast`` clips to
 ``±Q`` first, because the plain conversion (XLA's and ml_dtypes') overflows E4M3 to NaN and E5M2
 to inf.
+
+``to_float32`` widens any of these (and bfloat16, float16) to float32 from the bits. A plain
+``astype(float32)`` is not safe after a narrowing cast in the same program: XLA:GPU's default
+``--xla_allow_excess_precision`` removes the pair ``convert(convert(x, narrow), float32)``, so
+``quantize`` then ``dequantize`` in one ``jit`` would silently skip the rounding.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from te_jax.quantize.modes import ScalingMode
 
@@ -31,6 +37,7 @@ __all__ = [
     "q_max",
     "normalize_q_dtype",
     "saturating_cast",
+    "to_float32",
 ]
 
 E4M3 = np.dtype(jnp.float8_e4m3fn)
@@ -92,6 +99,57 @@ def saturating_cast(v: jax.Array, q_dtype) -> jax.Array:
     """
     q = q_max(q_dtype)
     return jnp.clip(v, -q, q).astype(q_dtype)
+
+
+# dtype -> (exponent bits, mantissa bits, specials, unsigned type of the same width). Specials:
+# "ieee" = all-ones exponent is inf (mantissa 0) or NaN; "fn" = only all-ones is NaN (E4M3);
+# None = every code is finite (E2M1).
+_LAYOUTS: dict[np.dtype, tuple[int, int, str | None, type]] = {
+    np.dtype(jnp.float16): (5, 10, "ieee", jnp.uint16),
+    E5M2: (5, 2, "ieee", jnp.uint8),
+    E4M3: (4, 3, "fn", jnp.uint8),
+    E2M1: (2, 1, None, jnp.uint4),
+}
+
+
+def to_float32(a: jax.Array) -> jax.Array:
+    """``a`` (bfloat16, float16, E4M3, E5M2 or E2M1) as float32, exactly, decoded from
+    its bits with integer ops so that no compiler pass can fuse it with the cast that produced
+    ``a`` (see the module doc); NaN stays NaN, signed zeros keep their sign.
+
+    A code with exponent field ``e``, mantissa ``m`` (``M`` bits) and bias ``b`` is
+    ``±(e ? 2^M + m : m) · 2^(max(e, 1) - b - M)``: an integer below 2^11 times a normal
+    power of two, so the one float multiplication is exact under any denormal mode.
+    float32 passes through; float64 is rounded to float32 (``astype``).
+    """
+    a = jnp.asarray(a)
+    dt = np.dtype(a.dtype)
+    if dt == np.float32:
+        return a
+    if dt == np.float64:  # narrowing: one rounding, nothing for a compiler to drop
+        return a.astype(jnp.float32)
+    if dt == np.dtype(jnp.bfloat16):  # the top half of a float32
+        u = lax.bitcast_convert_type(a, jnp.uint16).astype(jnp.uint32) << 16
+        return lax.bitcast_convert_type(u, jnp.float32)
+    if dt not in _LAYOUTS:
+        raise TypeError(f"to_float32: unsupported dtype {dt.name}")
+    e_bits, m_bits, specials, unsigned = _LAYOUTS[dt]
+    bias = (1 << (e_bits - 1)) - 1
+    u = lax.bitcast_convert_type(a, unsigned).astype(jnp.uint32)
+    sign = (u >> (e_bits + m_bits)) << 31
+    e = ((u >> m_bits) & ((1 << e_bits) - 1)).astype(jnp.int32)
+    m = (u & ((1 << m_bits) - 1)).astype(jnp.int32)
+    sig = jnp.where(e == 0, m, m | (1 << m_bits))
+    pow2 = lax.bitcast_convert_type(
+        ((jnp.maximum(e, 1) - bias - m_bits + 127) << 23).astype(jnp.uint32), jnp.float32
+    )
+    mag = sig.astype(jnp.float32) * pow2
+    e_max = (1 << e_bits) - 1
+    if specials == "ieee":
+        mag = jnp.where(e == e_max, jnp.where(m == 0, jnp.float32(np.inf), jnp.nan), mag)
+    elif specials == "fn":
+        mag = jnp.where((e == e_max) & (m == (1 << m_bits) - 1), jnp.float32(jnp.nan), mag)
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(mag, jnp.uint32) | sign, jnp.float32)
 
 
 def _names(dtypes) -> str:

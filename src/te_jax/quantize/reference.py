@@ -23,6 +23,7 @@ and the colwise transpose fall, and the output shapes, are in ``layout``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -71,14 +72,17 @@ NVFP4_GLOBAL_Q = 6.0 * 448.0  # E2M1 max times E4M3 max: S maps the tensor amax 
 def amax(y: jax.Array) -> jax.Array:
     """``max |y|`` over the whole tensor, float32 ``()``; exact (subnormals included), NaN if
     any element is NaN, 0 for an empty tensor."""
-    return ieee.abs_max(jnp.asarray(y).astype(jnp.float32))
+    return ieee.abs_max(formats.to_float32(jnp.asarray(y)))
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def _scale_from(amax_: jax.Array, numerator: float) -> jax.Array:
     """``numerator / amax``; 1 when amax is 0; float32 max when the quotient overflows.
 
     ``ieee.div``: XLA's native division is not correctly rounded on every backend (XLA:GPU's
     is ``div.full.f32``); an amax too small for the quotient gives inf, then float32 max.
+    Jitted: the exact division is a few hundred integer ops, traced once per shape instead of
+    at every call (a model quantizes in many places).
     """
     amax_ = jnp.asarray(amax_, jnp.float32)
     s = ieee.div(np.float32(numerator), amax_)  # a native division is not exact on every backend
@@ -178,7 +182,7 @@ def _nvfp4_direction(y32, y_s, global_scale, axis):
     block_scale = formats.saturating_cast(
         ieee.mul(ieee.div_by_int(amax_b, 6), global_scale), formats.E4M3
     )
-    bs = jnp.expand_dims(block_scale.astype(jnp.float32), axis + 1)  # E4M3 values are normal
+    bs = jnp.expand_dims(formats.to_float32(block_scale), axis + 1)  # E4M3 values are normal
     # A native division (not a multiplication by 1/bs: see ieee.true_divide) is exact here: bs
     # is a normal float32 (or 0, masked below); an operand or result below 2^-126 is at most
     # 2^-117 in magnitude and becomes a signed zero in E2M1 whether or not the backend flushes.
@@ -266,7 +270,7 @@ def quantize(y: jax.Array, quantizer: Quantizer, *, n_feature_axes: int = 1) -> 
 
 
 def _quantize(y, quantizer, amax_, n_feature_axes) -> ScaledTensor:
-    y32 = y.astype(jnp.float32)
+    y32 = formats.to_float32(y)
     dq_dtype = y.dtype
     mode = quantizer.scaling_mode
     if mode.is_block_scaling:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from te_jax.quantize import ieee, layout
+from te_jax.quantize import formats, ieee, layout
 from te_jax.quantize.modes import QuantizeLayout, ScalingMode
 
 __all__ = ["ScaledTensor"]
@@ -137,7 +137,7 @@ class ScaledTensor:
         colwise = self.data is None
         q = self.colwise_data if colwise else self.data
         s = self.colwise_scale_inv if colwise else self.scale_inv
-        v = q.astype(jnp.float32)
+        v = formats.to_float32(q)  # not astype: see formats.to_float32
         mode = self.scaling_mode
         if mode.is_tensor_scaling:
             v = ieee.mul(v, jnp.asarray(s, jnp.float32).reshape(()))
@@ -153,7 +153,7 @@ class ScaledTensor:
             out = ieee.ldexp(blocks, jnp.expand_dims(e, axis + 1))
             out = jnp.where(jnp.expand_dims(e == 128, axis + 1), jnp.float32(jnp.nan), out)
         else:
-            bs = jnp.expand_dims(s.astype(jnp.float32), axis + 1)
+            bs = jnp.expand_dims(formats.to_float32(s), axis + 1)
             out = ieee.mul(ieee.mul(blocks, bs), jnp.asarray(self.global_scale_inv, jnp.float32))
         return out.reshape(v.shape).astype(self.dq_dtype)
 
