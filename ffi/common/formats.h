@@ -308,9 +308,14 @@ TE_HD void significand(uint32_t u, uint32_t& m, int& e) {
 }  // namespace detail
 
 // a / b in float32, correctly rounded (ties to even) for every result, subnormal included, with
-// IEEE special cases; integer arithmetic only, so the CPU's FTZ/DAZ mode cannot change it.
-// The significands' quotient (ma << 40) / mb has 40 or 41 bits; its remainder is the sticky bit.
+// IEEE special cases. On the host in integer arithmetic only, so the CPU's FTZ/DAZ mode cannot
+// change it: the significands' quotient (ma << 40) / mb has 40 or 41 bits; its remainder is the
+// sticky bit. On the device __fdiv_rn is the same IEEE division (the kernels are built without
+// -ftz, so subnormals are kept), and much cheaper than a 64-bit integer division inside a kernel.
 TE_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
   namespace bb = math::host::bits;
   const uint32_t ua = bb::of(a), ub = bb::of(b);
   const uint32_t sign = (ua ^ ub) & 0x80000000u;
@@ -343,6 +348,7 @@ TE_HD float div_rn(float a, float b) {
   // Subnormal: the count of 2^-149 units is the bit pattern (a carry gives the smallest normal).
   const uint64_t bits = e < -126 ? mant : (static_cast<uint64_t>(e + 126) << 23) + mant;
   return bb::to_float(sign | static_cast<uint32_t>(bits));
+#endif
 }
 
 // NVFP4's global scale maps the tensor amax onto E2M1 max * E4M3 max.
