@@ -325,7 +325,9 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
   if (mode != ScalingMode::MXFP8_1D_SCALING) q.scale = per_batch_in.typed_data<float>();
   if (mode == ScalingMode::DELAYED_TENSOR_SCALING) q.amax = b.updated_amax.typed_data<float>();
   if (nvfp4) q.scale_inv = b.updated_amax.typed_data<float>();
-  if (mode == ScalingMode::CURRENT_TENSOR_SCALING) q.scale_numerator = q.qtype == QType::E5M2 ? fmt::E5M2::kMax : fmt::E4M3::kMax;
+  if (mode == ScalingMode::CURRENT_TENSOR_SCALING) {
+    q.scale_numerator = q.qtype == QType::E5M2 ? fmt::E5M2::kMax : fmt::E4M3::kMax;
+  }
   if (nvfp4) q.scale_numerator = fmt::kNvfp4GlobalQ;
   if (row) q.data = static_cast<uint8_t*>(b.out.untyped_data());
   if (col) q.colwise = static_cast<uint8_t*>(b.colwise_out.untyped_data());
@@ -449,7 +451,7 @@ inline ffi::Error decode_act_lu(
   int act_len = 0;
   if (auto e = decode_act_input(op, p, x, act, params, act_len); e.failure()) return e;
   if (amax.element_type() != ffi::DataType::F32) return invalid(op, "amax must be float32");
-  const OutputBuffers b{scale,          amax,       *out, *colwise_out, *scale_inv, *colwise_scale_inv,
+  const OutputBuffers b{scale, amax, *out, *colwise_out, *scale_inv, *colwise_scale_inv,
                         *updated_amax};
   return decode_output(op, mode, layout, x.element_type(), p.rows, p.hidden, p.hidden, b,
                        output_amax, p.y, p.amax, p.quantized, p.q);
@@ -472,7 +474,7 @@ inline ffi::Error decode_dact_dbias(
       (out->element_type() != x.element_type() || !same_dims(out->dimensions(), x.dimensions()))) {
     return invalid(op, "output must have x's shape " + dims_str(x.dimensions()) + " and dtype");
   }
-  const OutputBuffers b{scale,          amax,       *out, *colwise_out, *scale_inv, *colwise_scale_inv,
+  const OutputBuffers b{scale, amax, *out, *colwise_out, *scale_inv, *colwise_scale_inv,
                         *updated_amax};
   if (auto e = decode_output(op, mode, layout, x.element_type(), p.rows, p.act_len * p.hidden,
                              p.hidden, b, output_amax, p.dx, p.amax, p.quantized, p.q);
