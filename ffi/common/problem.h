@@ -19,9 +19,9 @@
 //   DELAYED / CURRENT  data fp8 [M, N]; colwise fp8 [batches, N, M / batches] (each batch's
 //                      transpose); scale_inv f32[batches] = 1/scale
 //   MXFP8              data and colwise fp8 [M, N]; block scales E8M0 [M, N/32] / [M/32, N]
-//   NVFP4              data and colwise E2M1 packed two per byte (first element in the low nibble)
-//                      uint8 [M, N/2]; block scales E4M3 [M, N/16] / [M/16, N]; the global
-//                      scale S; its inverse 1/S goes to the updated_amax slot (f32[batches])
+//   NVFP4              data and colwise float4_e2m1fn [M, N], which XLA packs two per byte, first
+//                      element in the low nibble; block scales E4M3 [M, N/16] / [M/16, N]; the
+//                      global scale S; its inverse 1/S goes to the updated_amax slot (f32[batches])
 // Inputs scale and amax, f32[batches]: DELAYED reads `scale`; CURRENT and NVFP4 read `amax`, the
 // (global) amax of their first pass, and derive the scale (fmt::scale_from_amax: Q / amax, resp.
 // 6 * 448 / amax), so no scale arithmetic is left to the caller. Every 1/scale is fmt::div_rn
@@ -244,28 +244,29 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
   }
   const int64_t rows_per_batch = m / q.batches;
 
-  // Data codes: fp8 dtype for the tensor modes and MXFP8, packed uint8 for NVFP4.
-  const size_t data_elems = nvfp4 ? elems / 2 : elems;
+  // Data codes: fp8 dtype for the tensor modes and MXFP8; NVFP4 float4_e2m1fn, which XLA stores
+  // two per byte, first element in the low nibble: the kernels' packing (element_count() counts
+  // codes; ByteWidth() says 1, which is not the buffer's size).
   std::optional<QType> qtype;
   for (const ffi::AnyBuffer* d : {&b.out, &b.colwise_out}) {
     if (d->element_count() == 0) continue;
     std::optional<QType> t;
-    if (nvfp4 && d->element_type() == DT::U8) t = QType::E2M1;
+    if (nvfp4 && d->element_type() == DT::F4E2M1FN) t = QType::E2M1;
     if (!nvfp4 && d->element_type() == DT::F8E4M3FN) t = QType::E4M3;
     if (!nvfp4 && d->element_type() == DT::F8E5M2) t = QType::E5M2;
     if (!t || (qtype && *qtype != *t)) {
       return invalid(op, std::string(scaling_mode_name(mode)) +
-                             (nvfp4 ? " data must be uint8 (two E2M1 codes per byte)"
+                             (nvfp4 ? " data must be float4_e2m1fn"
                                     : " data must be float8_e4m3fn or float8_e5m2 (both alike)"));
     }
     qtype = t;
   }
   q.qtype = qtype.value_or(nvfp4 ? QType::E2M1 : QType::E4M3);
-  if (b.out.element_count() != (row ? data_elems : 0)) {
-    return invalid(op, count_error("output", row ? data_elems : 0, b.out));
+  if (b.out.element_count() != (row ? elems : 0)) {
+    return invalid(op, count_error("output", row ? elems : 0, b.out));
   }
-  if (b.colwise_out.element_count() != (col ? data_elems : 0)) {
-    return invalid(op, count_error("colwise_output", col ? data_elems : 0, b.colwise_out));
+  if (b.colwise_out.element_count() != (col ? elems : 0)) {
+    return invalid(op, count_error("colwise_output", col ? elems : 0, b.colwise_out));
   }
 
   if (tensor) {
