@@ -29,19 +29,10 @@
 #include <vector>
 
 #include "common/formats.h"
+#include "cuda/tests/check_cuda.h"
 
 namespace fmt = te_jax::fmt;
 namespace hb = te_jax::math::host::bits;
-
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("CUDA error %s (%s) at %s:%d\n", cudaGetErrorName(e_),                  \
-                  cudaGetErrorString(e_), __FILE__, __LINE__);                            \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 namespace {
 

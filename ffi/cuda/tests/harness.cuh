@@ -15,16 +15,8 @@
 
 #include "common/activations.h"
 #include "common/problem.h"
-
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("CUDA error %s (%s) at %s:%d\n", cudaGetErrorName(e_),                  \
-                  cudaGetErrorString(e_), __FILE__, __LINE__);                            \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
+#include "cuda/launch.h"
+#include "cuda/tests/check_cuda.h"
 
 namespace te_jax_test {
 
@@ -116,6 +108,32 @@ struct DevBuf {
     return h;
   }
 };
+
+// What XLA does with a command buffer: `enqueue(cfg)` (the op's launches on s, returning the first
+// error) once with load_only (the Initialize stage), then captured in global mode (the strictest)
+// and the graph replayed twice. False, after fail(), when a launch under capture failed.
+template <typename Enqueue>
+bool replay_in_graph(cudaStream_t s, Enqueue enqueue, const std::string& tag) {
+  te_jax::cuda::LaunchConfig load;
+  load.load_only = true;
+  CHECK_CUDA(enqueue(load));
+  cudaGraph_t graph;
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  const cudaError_t e = enqueue(te_jax::cuda::LaunchConfig{});
+  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+  if (e != cudaSuccess) {
+    fail(tag + ": launch under capture failed: " + cudaGetErrorString(e));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    return false;
+  }
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 2; ++rep) CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  return true;
+}
 
 inline const char* act_name(ActivationEnum e) {
   static const char* names[] = {"GELU",  "GEGLU",  "GLU",    "SILU",   "SWIGLU",

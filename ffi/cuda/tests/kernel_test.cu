@@ -330,25 +330,12 @@ void test_graph(ActivationEnum act) {
   amax1.poison();
   amax2.poison();
 
-  // Initialize-stage equivalent, then capture in global mode (the strictest).
-  cuda::LaunchConfig load;
-  load.load_only = true;
-  CHECK_CUDA(cuda::launch_act_lu(pa, s, load));
-  CHECK_CUDA(cuda::launch_dact_dbias(pd, s, load));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  const cudaError_t e1 = cuda::launch_act_lu(pa, s, {});
-  const cudaError_t e2 = cuda::launch_dact_dbias(pd, s, {});
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+  const auto enqueue = [&](const cuda::LaunchConfig& cfg) {
+    const cudaError_t e = cuda::launch_act_lu(pa, s, cfg);
+    return e != cudaSuccess ? e : cuda::launch_dact_dbias(pd, s, cfg);
+  };
   Case c;
-  if (e1 != cudaSuccess || e2 != cudaSuccess) {
-    fail(tag + ": launch under capture failed: " + cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
-    return;
-  }
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 2; ++rep) CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaStreamSynchronize(s));
+  if (!replay_in_graph(s, enqueue, tag)) return;
   const std::vector<T> y1 = y.download(), dx1 = dx.download(), db1 = dbias.download();
   if (std::memcmp(y0.data(), y1.data(), y0.size() * sizeof(T)) ||
       std::memcmp(dx0.data(), dx1.data(), dx0.size() * sizeof(T)) ||
@@ -357,8 +344,6 @@ void test_graph(ActivationEnum act) {
       bits(read_amax(amax2.ptr)) != bits(a20)) {
     fail(tag + ": graph replay differs from the eager run");
   }
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
   CHECK_CUDA(cudaStreamDestroy(s));
 }
 

@@ -569,28 +569,13 @@ void test_graph() {
   for (auto* b : {&scale_inv, &amax1, &amax2}) b->poison();
   dbias.poison();
 
-  cuda::LaunchConfig load;
-  load.load_only = true;
-  CHECK_CUDA(cuda::launch_act_lu(pa, st, load));
-  CHECK_CUDA(cuda::launch_dact_dbias(pd, st, load));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  const cudaError_t e1 = cuda::launch_act_lu(pa, st, {});
-  const cudaError_t e2 = cuda::launch_dact_dbias(pd, st, {});
-  CHECK_CUDA(cudaStreamEndCapture(st, &graph));
+  const auto enqueue = [&](const cuda::LaunchConfig& cfg) {
+    const cudaError_t e = cuda::launch_act_lu(pa, st, cfg);
+    return e != cudaSuccess ? e : cuda::launch_dact_dbias(pd, st, cfg);
+  };
   Case c;
-  if (e1 != cudaSuccess || e2 != cudaSuccess) {
-    fail(std::string("graph: launch under capture failed: ") +
-         cudaGetErrorString(e1 != cudaSuccess ? e1 : e2));
-    return;
-  }
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 2; ++rep) CHECK_CUDA(cudaGraphLaunch(exec, st));
-  CHECK_CUDA(cudaStreamSynchronize(st));
+  if (!replay_in_graph(st, enqueue, "graph")) return;
   if (snap() != eager) fail("graph: replay differs from the eager run");
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
   CHECK_CUDA(cudaStreamDestroy(st));
 }
 
