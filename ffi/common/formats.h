@@ -142,8 +142,8 @@ TE_HD uint16_t to_e5m2x2(float x, float y) {
 #endif
 }
 
-// Two E2M1 codes in one byte, the first in the low nibble: the order in which
-// jax.lax.bitcast_convert_type(uint8 -> float4_e2m1fn) unpacks (0x21 -> [0.5, 1.0]).
+// Two E2M1 codes in one byte, the first in the low nibble: how XLA stores float4_e2m1fn arrays
+// (and how jax.lax.bitcast_convert_type(uint8 -> float4_e2m1fn) unpacks: 0x21 -> [0.5, 1.0]).
 TE_HD uint8_t pack_e2m1(uint8_t lo, uint8_t hi) {
   return static_cast<uint8_t>((lo & 0xfu) | ((hi & 0xfu) << 4));
 }

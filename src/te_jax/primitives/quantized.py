@@ -20,7 +20,8 @@ Results, in order, those the mode and layout produce (see ``result_names``):
 
 The FFI calls (``te_jax_act_lu``, ``te_jax_quantize``, ``te_jax_dact_dbias_quantize`` and, for
 the two-pass modes, first ``te_jax_act_amax`` / ``te_jax_dact_dbias_amax``) see flattened
-buffers; this module reshapes, and unpacks NVFP4's two codes per byte. Under sharding the
+buffers (NVFP4 data as float4_e2m1fn, which XLA packs as the kernels write it); this module
+reshapes them, and derives no scales: the kernels do (see ``_kernel``). Under sharding the
 two-pass modes max-reduce the first pass's amax across the mesh axes y is split on before the
 second pass, so every shard quantizes with the global scale.
 """
