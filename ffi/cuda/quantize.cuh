@@ -4,6 +4,8 @@
 // buffer layouts: common/problem.h, SPEC.md §4-§5; the reference semantics are
 // ffi/cpu/quantized.cc, whose bits every output here matches (dbias excepted: it sums in its own
 // fixed order).
+// Outputs with no transposed, blocked or summed part (rowwise tensor-scaled codes, the amax passes,
+// both without dbias) take elementwise.cuh's flat kernel instead: launch_quantized_eltwise.
 //
 // Output y is [M, N] (N = O * H: O = 2 halves for a gated dact, else 1), split into `batches`
 // tensors of mb = M / batches consecutive rows. The kernel walks tiles of 32 rows x kCols columns
@@ -49,6 +51,8 @@
 #include "common/formats.h"
 #include "common/problem.h"
 #include "cuda/device_utils.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/fp8_codes.cuh"
 #include "cuda/launch.h"
 
 namespace te_jax::cuda {
@@ -168,8 +172,6 @@ __device__ __forceinline__ void to_float8(const Raw8<T>& r, float (&f)[8]) {
   }
 }
 
-__device__ __forceinline__ unsigned abs_key(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-
 // 8 values of y rounded to T, 0 where invalid; v[k] reads one as float32. 16-bit dtypes hold them
 // packed two per register (they are exact in T), which halves the registers of a tile.
 template <typename T>
@@ -261,35 +263,10 @@ __device__ __forceinline__ uint32_t pmax8(const V8<T>& v) {
   return m;
 }
 
-// 8 codes of fmt(q[k]), little-endian in two words, the bits of fmt::to_e4m3x2 / to_e5m2x2. Those
-// patch the NaN code of every element after the hardware conversion (a compare and a select
-// each); here the hardware conversion runs alone, and the warp takes formats.h's functions only
-// when one of its lanes holds a NaN. Every lane of the warp must call it.
+// 8 codes of fmt(q[k]), little-endian in two words. Every lane of the warp must call it.
 __device__ __forceinline__ uint2 fp8_codes(bool e5m2, const float (&q)[8]) {
-  uint32_t c[4];
-  bool nan = false;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) nan |= q[k] != q[k];
-  if (__any_sync(0xffffffffu, nan)) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      c[k] = e5m2 ? fmt::to_e5m2x2(q[2 * k], q[2 * k + 1]) : fmt::to_e4m3x2(q[2 * k], q[2 * k + 1]);
-    }
-  } else {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    const __nv_fp8_interpretation_t f = e5m2 ? __NV_E5M2 : __NV_E4M3;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      c[k] = __nv_cvt_float2_to_fp8x2(make_float2(q[2 * k], q[2 * k + 1]), __NV_SATFINITE, f);
-    }
-#else
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      c[k] = e5m2 ? fmt::to_e5m2x2(q[2 * k], q[2 * k + 1]) : fmt::to_e4m3x2(q[2 * k], q[2 * k + 1]);
-    }
-#endif
-  }
-  return make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+  const Pack<uint8_t, 8> p = fp8_pack<8>(e5m2, q, 0xffffffffu);
+  return make_uint2(p.w[0], p.w[1]);
 }
 
 // 8 codes of fmt(v[k] * s).
@@ -302,32 +279,28 @@ __device__ __forceinline__ uint2 tensor_codes(bool e5m2, const V& v, float s) {
 }
 
 // The MXFP8 scaling of one block (exponent e = e8m0_exponent(amax, Q), k = -e in [-128, 127]):
-// the CPU's `nan ? amax : fmt::mul_pow2(y, k)` (a block whose amax is NaN has NaN codes), bit for
-// bit, with per-block factors and no branch:
-//   y normal, zero, inf or NaN: mul_pow2 is (y * 2^floor(k/2)) * 2^(k - floor(k/2)); the same here.
-//   y subnormal (m * 2^-149, 0 < m < 2^23): mul_pow2 is m * 2^(k-149) correctly rounded (one
-//   rounding: float(m) * 2^floor(n/2) is exact and normal), or 0 with y's sign where n = k - 149
-//   < -252. Here y * 2^24 = m * 2^-125 is exact and normal, and * 2^(k-24) rounds once: the same
-//   value; for k - 24 < -126 the factor 2^-126 gives 0 with y's sign, as does mul_pow2 (the
-//   exact result is below 2^-229 there).
+// codes equal to the CPU's `nan ? amax : fmt::mul_pow2(y, k)` (a block whose amax is NaN has NaN
+// codes), bit for bit, with one multiply per element and one factor per block, p = 2^k (exact:
+// 2^-127, only reached by an infinite amax, is subnormal, and the kernels keep subnormals), or
+// the NaN amax itself. y * p is the correctly rounded y * 2^k for every y, subnormal included
+// (one IEEE rounding; no FTZ on the device). mul_pow2 is that too wherever the result is at least
+// 2^-126, or +-inf or +-0; below 2^-126 the two may differ by a subnormal ulp, but both encode to
+// the zero of y's sign in E4M3 and E5M2 (whose smallest subnormals are 2^-9 and 2^-16).
 struct MxScale {
   int k;
-  float p1, p2, p2_sub, nan;  // nan: the block's amax when it is NaN, else 0
-  __device__ __forceinline__ MxScale(float4 f) : k(0), p1(f.x), p2(f.y), p2_sub(f.z), nan(f.w) {}
-  __device__ __forceinline__ float4 factors() const { return make_float4(p1, p2, p2_sub, nan); }
+  float p;  // 2^k, or the block's amax when it is NaN
+  __device__ __forceinline__ explicit MxScale(float factor) : k(0), p(factor) {}
   __device__ __forceinline__ MxScale(unsigned key, float qmax) {
     const float amax = __uint_as_float(key);
     k = -fmt::e8m0_exponent(amax, qmax);
-    const int k1 = k >> 1;
-    p1 = fmt::detail::pow2(k1);
-    p2 = fmt::detail::pow2(k - k1);
-    p2_sub = fmt::detail::pow2(max(k - 24, -126));
-    nan = amax != amax ? amax : 0.0f;
+    // 2^k: normal bits for k >= -126, else the subnormal 2^-127 (k = -128 is NaN's, replaced).
+    const float pk = __uint_as_float(k >= -126 ? static_cast<uint32_t>(k + 127) << 23 : 0x400000u);
+    p = amax != amax ? amax : pk;
   }
+  __device__ __forceinline__ float factor() const { return p; }
   __device__ __forceinline__ float operator()(float y) const {
-    const bool sub = (abs_key(y) - 1u) < 0x7fffffu;  // nonzero subnormal
-    const float r = __fmul_rn(__fmul_rn(y, sub ? 0x1p24f : p1), sub ? p2_sub : p2);
-    return nan != nan ? nan : r;
+    const float r = __fmul_rn(y, p);
+    return p != p ? p : r;
   }
 };
 
@@ -375,28 +348,14 @@ __device__ __forceinline__ void store_fp4x8(uint8_t* p, uint32_t w, bool vec, in
   }
 }
 
-// A 16-byte shared-memory load that the compiler keeps where it is written (volatile asm): left
-// free, it hoisted all of a lane's per-column factors at once (32 registers) and spilled.
-__device__ __forceinline__ float4 lds_f4(const float4* p) {
-  float4 r;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+// An 8-byte shared-memory load that the compiler keeps where it is written (volatile asm): left
+// free, it hoisted all of a lane's per-column factors at once and spilled.
+__device__ __forceinline__ float2 lds_f2(const float2* p) {
+  float2 r;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+               : "=f"(r.x), "=f"(r.y)
                : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
   return r;
-}
-
-// Block-wide max of m, then one atomicMax into *out (skipped when 0). Every thread calls it.
-__device__ __forceinline__ void commit_amax(unsigned m, unsigned* out, unsigned* warp_max) {
-  m = __reduce_max_sync(0xffffffffu, m);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (warp == 0) {
-    m = lane < kWarps ? warp_max[lane] : 0u;
-    m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0 && m != 0u) atomicMax(out, m);
-  }
-  __syncthreads();  // warp_max may be reused
 }
 
 template <typename Spec, typename T, Mode M, bool kBwd>
@@ -411,10 +370,10 @@ struct Smem {
   static constexpr size_t kRedBytes = kColBlocks ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
   static constexpr size_t kPartBytes = kBwd ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
   static constexpr size_t kA = std::max({kTensorBytes, kRedBytes, kPartBytes, size_t{16}});
-  // Region B: per column block [O][kNblk][kCols]: MX: the scaling factors (MxScale::factors,
-  // float4); NVFP4: the decoded E4M3 block scale (float).
+  // Region B: per column block [O][kNblk][kCols]: MX: the scaling factor (MxScale::factor,
+  // float); NVFP4: the decoded E4M3 block scale (float).
   static constexpr size_t kB =
-      M == Mode::kMx ? size_t{G::O} * G::kCols * 16
+      M == Mode::kMx ? size_t{G::O} * G::kCols * 4
                      : (M == Mode::kNvfp4 ? size_t{G::O} * 2 * G::kCols * 4 : 16);
 };
 
@@ -427,7 +386,6 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
   constexpr int kNblk = S::kNblk;
   __shared__ alignas(16) unsigned char smem_a[S::kA];
   __shared__ alignas(16) unsigned char smem_b[S::kB];
-  __shared__ unsigned warp_max[kWarps];
 
   const int tid = threadIdx.x;
   const int tx = tid % kTx, ty = tid / kTx;
@@ -632,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
         }
         if (colwise) {
           auto& red = *reinterpret_cast<unsigned(*)[O][kRL][kCols]>(smem_a);
-          auto& mx_f = *reinterpret_cast<float4(*)[O][kCols]>(smem_b);
+          auto& mx_f = *reinterpret_cast<float(*)[O][kCols]>(smem_b);
           auto& fp4_bs = *reinterpret_cast<float(*)[O][kNblk][kCols]>(smem_b);
           // Per-lane column maxima over the lane's R rows (all in one column block: R | 16).
 #pragma unroll
@@ -671,7 +629,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
             const bool out = col < H && blk * 16 < nr;
             if constexpr (M == Mode::kMx) {
               const MxScale sc(m, a.qmax);
-              mx_f[l][c] = sc.factors();
+              mx_f[l][c] = sc.factor();
               if (out) a.cbscale[(r0 / 32) * n + l * H + col] = static_cast<uint8_t>(127 - sc.k);
             } else {
               const uint8_t code = nvfp4_scale(m, s);
@@ -689,8 +647,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
               float q[R][8];
 #pragma unroll
               for (int kk = 0; kk < 4; ++kk) {
-                const MxScale s0(lds_f4(&mx_f[l][tx * 8 + 2 * kk])),
-                    s1(lds_f4(&mx_f[l][tx * 8 + 2 * kk + 1]));
+                const float2 f = lds_f2(reinterpret_cast<const float2*>(&mx_f[l][tx * 8 + 2 * kk]));
+                const MxScale s0(f.x), s1(f.y);
 #pragma unroll
                 for (int i = 0; i < R; ++i) {
                   q[i][2 * kk] = s0(v[i][l][2 * kk]);
@@ -725,7 +683,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
     }
 
     // ---- end of the item: amax, dbias partial ----
-    if (a.amax != nullptr) commit_amax(V8<T>::to_key(amax_p), a.amax + b, warp_max);
+    if (a.amax != nullptr) {
+      block_amax_commit(V8<T>::to_key(amax_p), a.amax + b);
+      __syncthreads();  // its shared scratch is reused by the next item
+    }
     if constexpr (kBwd) {
       if (a.ws != nullptr) {
         auto& part = *reinterpret_cast<float(*)[O][kRL][kCols]>(smem_a);
@@ -771,11 +732,44 @@ constexpr DType kDTypeOf = std::is_same_v<T, float>           ? DType::F32
                            : std::is_same_v<T, __nv_bfloat16> ? DType::BF16
                                                               : DType::F16;
 
+// The rowwise tensor-scaled codes and the amax passes, without dbias, on elementwise.cuh's kernel
+// (one flat pass; no tile structure is needed when nothing is transposed, blocked or summed).
+template <typename Spec, typename T, Mode M, bool kBwd>
+cudaError_t launch_quantized_eltwise(const QCall& c, cudaStream_t stream, const LaunchConfig& cfg) {
+  static_assert(M == Mode::kTensor || M == Mode::kAmax, "elementwise modes");
+  const QuantOutput& q = *c.q;
+  EltArgs<T> a{};
+  a.x = static_cast<const T*>(c.x);
+  a.dz = static_cast<const T*>(c.dz);
+  a.codes = q.data;
+  a.batches = static_cast<uint64_t>(q.batches);
+  a.params = c.params;
+  a.amax = reinterpret_cast<unsigned*>(q.amax);
+  a.scale = q.scale;
+  a.scale_numerator = q.scale_numerator;
+  a.scale_inv = q.scale_inv;
+  a.e5m2 = q.qtype == QType::E5M2;
+  constexpr EltOut kOut = M == Mode::kTensor ? EltOut::kFp8 : EltOut::kNone;
+  return launch_eltwise_batches<Spec, T, kBwd, kOut>(a, c.rows, c.hidden, stream, cfg);
+}
+
 template <typename Spec, typename T, Mode M, bool kBwd>
 cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchConfig& cfg) {
   using G = Geo<Spec, T, kBwd>;
   auto* const kernel = &quant_kernel<Spec, T, M, kBwd>;
   const QuantOutput& q = *c.q;
+  if constexpr (M == Mode::kTensor || M == Mode::kAmax) {
+    if (cfg.load_only) {
+      if (cudaError_t e = launch_quantized_eltwise<Spec, T, M, kBwd>(c, stream, cfg);
+          e != cudaSuccess) {
+        return e;
+      }
+    } else if (c.ws == nullptr && q.colwise == nullptr &&
+               (M == Mode::kAmax || q.data != nullptr) &&
+               static_cast<uint64_t>(q.batches) <= kEltMaxBatches) {
+      return launch_quantized_eltwise<Spec, T, M, kBwd>(c, stream, cfg);
+    }
+  }
   if (cfg.load_only) {
     if (cudaError_t e = load_kernel(kernel); e != cudaSuccess) return e;
     if (c.dbias != nullptr) {

@@ -7,7 +7,9 @@
 //   - dbias: bit-identical across repeated runs and grid sizes (max_blocks), and equal to the scalar
 //     path's result (misaligned copy of the same data); rows == 0 gives zeros,
 //   - that the launches can be captured into a CUDA graph (after a load_only pass, as the
-//     Initialize stage does) and the replay gives the same bits.
+//     Initialize stage does) and the replay gives the same bits,
+//   - the device sigmoid (hardware exp and reciprocal approximations, common/math.h) against
+//     float64 over the whole float32 range where it is neither 0 nor 1, within its error bound.
 // It is meant to be run on the GPU, also under compute-sanitizer (use --quick there).
 // Build and run: ffi/cuda/tests/run.sh (see there).
 #include <cuda_bf16.h>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "common/activations.h"
+#include "common/math.h"
 #include "common/problem.h"
 #include "cuda/launch.h"
 #include "cuda/tests/harness.cuh"
@@ -405,6 +408,58 @@ void run_all(ActivationEnum act) {
   test_graph<Spec, T>(act);
 }
 
+// ---- device sigmoid accuracy -------------------------------------------------------------------
+
+// math::sigmoid of the float32 with bits (i * step) | sign, i < n.
+__global__ void sigmoid_kernel(uint32_t step, uint32_t sign, uint64_t n, float* out) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    out[i] = math::sigmoid(__uint_as_float(static_cast<uint32_t>(i * step) | sign));
+  }
+}
+
+// Every 64th float32 of either sign up to |x| = 104 (sigmoid is 0 or 1 within its bound beyond;
+// 8 M values per sign with --quick's every 1024th): relative error at most 2^-24 * (4|x| + 32)
+// (math.h: a few ulps, plus ~2|x| from rounding x * log2(e)), or 2^-126 absolute where the
+// result is below the normal range. Prints the largest error in ulps (units of 2^-24 * s).
+void test_sigmoid_accuracy() {
+  Case c;
+  const uint32_t step = g_quick ? 1024 : 64;
+  const uint64_t n = bits(104.0f) / step + 1;
+  float* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, n * sizeof(float)));
+  std::vector<float> got(n);
+  double worst = 0.0, worst_x = 0.0, worst_small = 0.0;  // worst_small: |x| <= 16
+  int bad = 0;
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    sigmoid_kernel<<<1024, 256>>>(step, sign, n, d);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (uint64_t i = 0; i < n; ++i) {
+      uint32_t u = static_cast<uint32_t>(i * step) | sign;
+      float xf;
+      std::memcpy(&xf, &u, 4);
+      const double x = xf, want = 1.0 / (1.0 + std::exp(-x));
+      const double err = std::fabs(got[i] - want);
+      const double ulps = err / (0x1p-24 * want);
+      if (!(err <= 0x1p-24 * (4.0 * std::fabs(x) + 32.0) * want + 0x1p-126)) {
+        if (bad++ < 3) {
+          fail("sigmoid(" + std::to_string(x) + ") = " + std::to_string(got[i]) + ", want " +
+               std::to_string(want));
+        }
+      }
+      if (want >= 0x1p-126 && ulps > worst) {
+        worst = ulps;
+        worst_x = x;
+      }
+      if (std::fabs(x) <= 16.0 && ulps > worst_small) worst_small = ulps;
+    }
+  }
+  CHECK_CUDA(cudaFree(d));
+  std::printf("device sigmoid: max error %.1f ulps (at x = %g), %.1f ulps for |x| <= 16\n",
+              worst, worst_x, worst_small);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -419,6 +474,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
   std::printf("device %s, %d SMs%s\n", prop.name, prop.multiProcessorCount,
               g_quick ? " (quick)" : "");
+  if (only.empty()) test_sigmoid_accuracy();
   for (int e = 0; e <= 13; ++e) {
     const auto act = static_cast<ActivationEnum>(e);
     if (!only.empty() && only != act_name(act)) continue;

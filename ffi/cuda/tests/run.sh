@@ -10,6 +10,7 @@
 #   SKIP_BUILD=1 bash ffi/cuda/tests/run.sh # use the binaries already in $BUILD
 #   BENCH=1 ...                             # also quant_test --bench (1 GiB operands)
 #   TOOLS="memcheck" ...                    # the sanitizer tools to run
+#   NVCC_EXTRA="-DNAME=1" ...               # extra nvcc flags (experiments)
 #
 # Needs nvcc, and jaxlib for the XLA FFI headers (problem.h includes them). Writes to
 # ${BUILD:-/tmp/te_jax_kernel_test}. Exit status: non-zero if any step failed.
@@ -27,7 +28,7 @@ if [ "${SKIP_BUILD:-0}" = 0 ]; then
   XLA_INC="$($PY -c 'import jaxlib, os; print(os.path.dirname(jaxlib.__file__) + "/include")')" \
     || exit 2
   FLAGS=(-std=c++17 -O3 -lineinfo --expt-relaxed-constexpr $ARCH -I"$ROOT/ffi" -isystem "$XLA_INC"
-         -Xcompiler=-Wall)
+         -Xcompiler=-Wall ${NVCC_EXTRA:-})
   t0=$(date +%s)
   pids=()
   for src in "${KERNELS[@]}"; do
