@@ -22,8 +22,9 @@
 //   amax    integer max of |y|'s bits (NaN above inf), block-reduced, atomicMax per batch;
 //   TENSOR  codes = fmt(y * scale[b]) (8 bytes per lane and row, one store); the colwise
 //           (transposed) layout goes through shared memory: the codes are stored row-major, and
-//           after a barrier each thread gathers 8R bytes down one column and writes them with
-//           16-byte stores to colwise[b][col][row];
+//           after a barrier each thread gathers 8R bytes of colwise[b][col][row] (R = 4: 8 rows
+//           of 4 columns, transposed in registers, so that 4 lanes write each column's 32 rows
+//           in one store instruction; else 8R rows of one column) and stores them;
 //   MXFP8   rowwise: the 32-element block is 4 adjacent lanes (two xor shuffles of the max key);
 //           colwise: each lane's per-column max over its rows goes to shared memory, one thread
 //           per column block reduces them and computes the block's scale and scaling factors
@@ -365,8 +366,10 @@ struct Smem {
   static constexpr int kNblk = M == Mode::kNvfp4 ? 2 : 1;
   // Region A: TENSOR: transposed codes [O][32][kCols] bytes; MX/NVFP4: per-lane column keys
   // [O][kRL][kCols] u32. dbias partials [O][kRL][kCols] f32 alias it (used after a barrier).
+  // The transposed codes' row stride: R = 4 pads each row by one bank word (see kTStride).
+  static constexpr int kTStride = G::R == 4 ? G::kCols + 4 : G::kCols;
   static constexpr size_t kTensorBytes =
-      M == Mode::kTensor ? size_t{G::O} * kTileRows * G::kCols : 0;
+      M == Mode::kTensor ? size_t{G::O} * kTileRows * kTStride : 0;
   static constexpr size_t kRedBytes = kColBlocks ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
   static constexpr size_t kPartBytes = kBwd ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
   static constexpr size_t kA = std::max({kTensorBytes, kRedBytes, kPartBytes, size_t{16}});
@@ -479,7 +482,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
 
       // ---- emit ----
       if constexpr (M == Mode::kTensor) {
-        auto& tcodes = *reinterpret_cast<uint8_t(*)[O][kTileRows][kCols]>(smem_a);
+        constexpr int kStride = S::kTStride;
+        auto& tcodes = *reinterpret_cast<uint8_t(*)[O][kTileRows][kStride]>(smem_a);
 #pragma unroll
         for (int l = 0; l < O; ++l) {
 #pragma unroll
@@ -489,44 +493,103 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
             if (rowwise && nok[i] > 0) {
               store_codes8(a.data + y_off + i * n + l * H, c, a.vec_out, nok[i]);
             }
-            if (colwise) *reinterpret_cast<uint2*>(&tcodes[l][ri][tx * 8]) = c;
+            if (colwise) {
+              // Two 4-byte stores: the padded stride keeps only 4-byte alignment.
+              uint32_t* t = reinterpret_cast<uint32_t*>(&tcodes[l][ri][tx * 8]);
+              t[0] = c.x;
+              t[1] = c.y;
+            }
           }
         }
         if (colwise) {
           __syncthreads();
-          constexpr int kChunks = kThreads / kCols;          // 4 / R
-          constexpr int kChunkRows = kTileRows / kChunks;    // 8 R
-          const int tc = tid % kCols, ch = tid / kCols;
-          const int rb = ch * kChunkRows;
-          const uint64_t col = tile_c0 + tc;
-          if (col < H && rb < nr) {
+          if constexpr (R == 4) {
+            // Thread = (column group g of 4 columns, row quarter q of 8 rows): 8 shared loads of
+            // 4 codes (one row of the group each), two 4x4 byte transposes, then per column one
+            // 8-byte store of its 8 rows. The 4 lanes of a group fill each column's 32-byte
+            // sector in one store instruction (8 whole sectors per instruction; one column per
+            // thread wrote 16-byte halves, 32 per instruction, at 0.67 of copy bandwidth on the
+            // H100). The stride of kCols + 4 bytes (an odd number of words) puts the quarters'
+            // rows 8 apart on different banks.
+            const int q = tid & 3, grp = tid >> 2;
+            const int rb = 8 * q;
+            const uint64_t col0 = tile_c0 + 4 * grp;
+            if (col0 < H && rb < nr) {
 #pragma unroll
-            for (int l = 0; l < O; ++l) {
-              uint8_t* dst = a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
-              if (a.vec_t) {  // the chunk is whole (mb % kChunkRows == 0)
-                uint32_t w[kChunkRows / 4];
+              for (int l = 0; l < O; ++l) {
+                uint32_t w[8];
 #pragma unroll
-                for (int j = 0; j < kChunkRows / 4; ++j) {
-                  w[j] = static_cast<uint32_t>(tcodes[l][rb + 4 * j][tc]) |
-                         (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 1][tc]) << 8) |
-                         (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 2][tc]) << 16) |
-                         (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 3][tc]) << 24);
+                for (int r = 0; r < 8; ++r) {
+                  w[r] = *reinterpret_cast<const uint32_t*>(&tcodes[l][rb + r][4 * grp]);
                 }
-                if constexpr (kChunkRows == 8) {
-                  asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(w[0]), "r"(w[1])
-                               : "memory");
-                } else {
+                uint32_t cw[4][2];  // column k: rows 0-3, rows 4-7 (first row in the low byte)
 #pragma unroll
-                  for (int j = 0; j < kChunkRows / 16; ++j) {
-                    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 16 * j),
-                                 "r"(w[4 * j]), "r"(w[4 * j + 1]), "r"(w[4 * j + 2]),
-                                 "r"(w[4 * j + 3])
-                                 : "memory");
+                for (int h = 0; h < 2; ++h) {
+                  const uint32_t* x = w + 4 * h;
+                  const uint32_t t0 = __byte_perm(x[0], x[1], 0x5140);
+                  const uint32_t t1 = __byte_perm(x[2], x[3], 0x5140);
+                  const uint32_t t2 = __byte_perm(x[0], x[1], 0x7362);
+                  const uint32_t t3 = __byte_perm(x[2], x[3], 0x7362);
+                  cw[0][h] = __byte_perm(t0, t1, 0x5410);
+                  cw[1][h] = __byte_perm(t0, t1, 0x7632);
+                  cw[2][h] = __byte_perm(t2, t3, 0x5410);
+                  cw[3][h] = __byte_perm(t2, t3, 0x7632);
+                }
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                  const uint64_t col = col0 + k;
+                  if (col < H) {
+                    uint8_t* dst =
+                        a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
+                    if (a.vec_t) {  // the 8 rows are whole (mb % 32 == 0)
+                      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(cw[k][0]),
+                                   "r"(cw[k][1])
+                                   : "memory");
+                    } else {
+                      const int m = min(8, nr - rb);
+                      for (int j = 0; j < m; ++j) {
+                        dst[j] = static_cast<uint8_t>(cw[k][j >> 2] >> (8 * (j & 3)));
+                      }
+                    }
                   }
                 }
-              } else {
-                const int m = min(kChunkRows, nr - rb);
-                for (int j = 0; j < m; ++j) dst[j] = tcodes[l][rb + j][tc];
+              }
+            }
+          } else {
+            constexpr int kChunks = kThreads / kCols;          // 4 / R
+            constexpr int kChunkRows = kTileRows / kChunks;    // 8 R
+            const int tc = tid % kCols, ch = tid / kCols;
+            const int rb = ch * kChunkRows;
+            const uint64_t col = tile_c0 + tc;
+            if (col < H && rb < nr) {
+#pragma unroll
+              for (int l = 0; l < O; ++l) {
+                uint8_t* dst = a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
+                if (a.vec_t) {  // the chunk is whole (mb % kChunkRows == 0)
+                  uint32_t w[kChunkRows / 4];
+#pragma unroll
+                  for (int j = 0; j < kChunkRows / 4; ++j) {
+                    w[j] = static_cast<uint32_t>(tcodes[l][rb + 4 * j][tc]) |
+                           (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 1][tc]) << 8) |
+                           (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 2][tc]) << 16) |
+                           (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 3][tc]) << 24);
+                  }
+                  if constexpr (kChunkRows == 8) {
+                    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(w[0]), "r"(w[1])
+                                 : "memory");
+                  } else {
+#pragma unroll
+                    for (int j = 0; j < kChunkRows / 16; ++j) {
+                      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 16 * j),
+                                   "r"(w[4 * j]), "r"(w[4 * j + 1]), "r"(w[4 * j + 2]),
+                                   "r"(w[4 * j + 3])
+                                   : "memory");
+                    }
+                  }
+                } else {
+                  const int m = min(kChunkRows, nr - rb);
+                  for (int j = 0; j < m; ++j) dst[j] = tcodes[l][rb + j][tc];
+                }
               }
             }
           }
