@@ -44,8 +44,10 @@ for stage in "$@"; do
       ;;
     test)
       stamp "pytest ${PYTEST_ARGS:-tests}"
+      # faulthandler_timeout: a test stuck for 300 s dumps every thread's stack into the log.
       # shellcheck disable=SC2086
       python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} --maxfail=20 -rf --durations=10 \
+        -o faulthandler_timeout=300 \
         >"$OUT/pytest.log" 2>&1 || status=1
       tail -n 25 "$OUT/pytest.log"
       ;;
