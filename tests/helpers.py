@@ -235,3 +235,27 @@ def enable_x64():
         return
     with _ctx():
         yield
+
+
+# --- quantized outputs --------------------------------------------------------------------------
+
+# (mode, q_dtype) of every scaled format the kernels emit.
+QUANT_MODES = [
+    ("delayed", jnp.float8_e4m3fn),
+    ("delayed", jnp.float8_e5m2),
+    ("current", jnp.float8_e4m3fn),
+    ("current", jnp.float8_e5m2),
+    ("mxfp8", jnp.float8_e4m3fn),
+    ("mxfp8", jnp.float8_e5m2),
+    ("nvfp4", jnp.float4_e2m1fn),
+]
+
+# The array fields of a ScaledTensor (None where the mode / layout has none).
+SCALED_TENSOR_FIELDS = (
+    "data",
+    "colwise_data",
+    "scale_inv",
+    "colwise_scale_inv",
+    "amax",
+    "global_scale_inv",
+)

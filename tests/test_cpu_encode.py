@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import te_jax
+from helpers import QUANT_MODES, SCALED_TENSOR_FIELDS
 from te_jax.quantize import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
@@ -66,17 +67,9 @@ def test_encoders_match_formats_h(tmp_path):
 
 # --- the kernels' exact fallbacks, end to end ---------------------------------------------------
 
-E4M3, E5M2, E2M1 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float4_e2m1fn
-CONFIGS = [
-    ("delayed", E4M3),
-    ("delayed", E5M2),
-    ("current", E4M3),
-    ("current", E5M2),
-    ("mxfp8", E4M3),
-    ("mxfp8", E5M2),
-    ("nvfp4", E2M1),
-]
-FIELDS = ("data", "colwise_data", "scale_inv", "colwise_scale_inv", "amax", "global_scale_inv")
+E2M1 = jnp.float4_e2m1fn
+CONFIGS = QUANT_MODES
+FIELDS = SCALED_TENSOR_FIELDS
 
 
 def _quantizer(mode, q_dtype, layout, scale):

@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 import te_jax
-from helpers import ACTS, make_dz, make_x, te_jax_custom_calls
+from helpers import (
+    ACTS,
+    QUANT_MODES,
+    SCALED_TENSOR_FIELDS,
+    make_dz,
+    make_x,
+    te_jax_custom_calls,
+)
 from te_jax.quantize import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
@@ -27,7 +34,7 @@ from te_jax.quantize import (
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 LAYOUTS = list(QuantizeLayout)
-FIELDS = ("data", "colwise_data", "scale_inv", "colwise_scale_inv", "amax", "global_scale_inv")
+FIELDS = SCALED_TENSOR_FIELDS
 
 
 def _quantizer(mode, q_dtype, layout):
@@ -41,15 +48,7 @@ def _quantizer(mode, q_dtype, layout):
     }[mode]()
 
 
-MODES = [
-    ("delayed", E4M3),
-    ("delayed", E5M2),
-    ("current", E4M3),
-    ("current", E5M2),
-    ("mxfp8", E4M3),
-    ("mxfp8", E5M2),
-    ("nvfp4", jnp.float4_e2m1fn),
-]
+MODES = QUANT_MODES
 MODE_IDS = [f"{m}-{jnp.dtype(d).name}" for m, d in MODES]
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 

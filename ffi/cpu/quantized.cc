@@ -88,6 +88,17 @@ TE_HOST_INLINE void store_bytes(const uint32_t* __restrict v, uint8_t* __restric
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(v[i]);
 }
 
+// key[k] = the max |y| key (F32::abs_key) of block k, the kBlock values v[kBlock * k ...], for
+// k < blocks.
+template <int kBlock>
+TE_JAX_LOOP void block_max_keys(const float* __restrict v, int64_t blocks, int32_t* __restrict key) {
+  for (int64_t k = 0; k < blocks; ++k) {
+    int32_t m = 0;
+    for (int i = 0; i < kBlock; ++i) m = std::max(m, F32::abs_key(v[kBlock * k + i]));
+    key[k] = m;
+  }
+}
+
 // MXFP8 block code of y in a block with exponent e and amax, exactly (the fallback of the loops
 // below, for the exponents where enc::mxfp8_plain_exponent is false): a NaN block (scale 0xFF)
 // has NaN codes.
@@ -108,11 +119,7 @@ TE_JAX_LOOP void mxfp8_row(const float* __restrict v, uint8_t* __restrict out,
   constexpr int kMaxBlocks = kTileCols / 32, kChunk = 8;
   const int64_t blocks = n / 32;
   int32_t key[kMaxBlocks] = {};
-  for (int64_t k = 0; k < blocks; ++k) {
-    int32_t m = 0;
-    for (int i = 0; i < 32; ++i) m = std::max(m, F32::abs_key(v[32 * k + i]));
-    key[k] = m;
-  }
+  block_max_keys<32>(v, blocks, key);
   int e[kMaxBlocks];
   uint32_t biased[kMaxBlocks];
   float mult[kMaxBlocks];  // 2^-e[k] (1 where the block is redone)
@@ -198,11 +205,7 @@ TE_JAX_LOOP void nvfp4_row(const float* __restrict v, uint8_t* __restrict out,
   constexpr int kMaxBlocks = kTileCols / 16, kChunk = 16;
   const int64_t blocks = n / 16;
   int32_t key[kMaxBlocks] = {};
-  for (int64_t k = 0; k < blocks; ++k) {
-    int32_t m = 0;
-    for (int i = 0; i < 16; ++i) m = std::max(m, F32::abs_key(v[16 * k + i]));
-    key[k] = m;
-  }
+  block_max_keys<16>(v, blocks, key);
   uint32_t sc[kMaxBlocks];
   float bs[kMaxBlocks];
   for (int64_t k0 = 0; k0 < blocks; k0 += kChunk) {
