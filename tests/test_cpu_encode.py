@@ -94,6 +94,7 @@ def _edge_inputs(rng):
     y = (rng.standard_normal((64, 64)) * 3).astype(f32)
     special = y.copy()
     special[0, 5], special[3, 40], special[40, 7] = np.nan, np.inf, -np.inf
+    special[9, 9] = -np.nan  # a NaN product's code is the positive NaN's on every path
     mixed = y.astype(np.float64)
     mixed[:, :16] *= 2.0**-110  # tiny colwise MXFP8 blocks (columns 0-15)
     mixed[:, 32:] *= 2.0**-118  # tiny rowwise blocks (and subnormal values)
@@ -119,6 +120,7 @@ def _edge_inputs(rng):
         (y, np.nextafter(p100, f32(np.inf)), "scale above 2^100"),
         (y, -0.0, "scale -0"),
         (special, 3.0, "NaN and inf"),
+        (special, np.nan, "NaN scale"),
         (mixed.astype(f32), 1.0, "tiny blocks"),
     ]
 

@@ -245,11 +245,21 @@ TE_HD float mul_pow2(float y, int k) {
   return base * detail::pow2(n1) * detail::pow2(n - n1);
 }
 
+// p, or the positive quiet NaN 0x7fc00000 where p is a NaN. A product's NaN is the GPU's
+// canonical positive NaN and the XLA path's (ieee.mul), while x86 returns an operand's NaN with
+// its sign, and for NaN * NaN the operand the compiler happened to put first: a scaled encode
+// gives the positive NaN code on every backend only with this.
+TE_HD float canonical_nan(float p) {
+  namespace b = math::host::bits;
+  return b::select(p != p, b::to_float(0x7fc00000u), p);
+}
+
 // y * s, correctly rounded wherever the exact product is at least 2^-126, also when y is
 // subnormal and the CPU treats subnormal inputs as zero (DAZ, which XLA's CPU threads set): a
 // subnormal y = m * 2^-149 is multiplied as float(m) (exact) times s * 2^-24 (exact unless s is
 // below 2^-102), then scaled by 2^-125; the pre-scaling keeps m * s from overflowing for any
 // finite s. Products below 2^-126 become 0 in every format here, so their rounding is moot.
+// A NaN product is the positive quiet NaN (canonical_nan).
 TE_HD float mul_exact(float y, float s) {
   namespace b = math::host::bits;
   const uint32_t u = b::of(y);
@@ -257,7 +267,7 @@ TE_HD float mul_exact(float y, float s) {
   const float m = b::to_float(b::of(static_cast<float>(static_cast<int32_t>(u & 0x7fffffu))) |
                               (u & 0x80000000u));
   const float tiny = mul_pow2(m * mul_pow2(s, -24), -125);
-  return b::select(sub, tiny, y * s);
+  return canonical_nan(b::select(sub, tiny, y * s));
 }
 
 // x / C for x >= 0 (NaN and inf pass through the native division), correctly rounded also when

@@ -115,7 +115,7 @@ TE_HOST_INLINE float pow2_neg(int e) { return hb::to_float(static_cast<uint32_t>
 template <bool kPlain>
 TE_HOST_INLINE float scaled(float v, float s) {
   if constexpr (kPlain) {
-    return v * s;
+    return fmt::canonical_nan(v * s);
   } else {
     return fmt::mul_exact(v, s);
   }
@@ -129,7 +129,7 @@ TE_HOST_INLINE float scaled(float v, float s) {
 template <bool kPlain>
 TE_HOST_INLINE uint32_t nvfp4_block_scale(float amax, float s) {
   if constexpr (kPlain) {
-    return e4m3(amax / 6.0f * s);
+    return e4m3(fmt::canonical_nan(amax / 6.0f * s));
   } else {
     return e4m3(fmt::mul_exact(fmt::div_exact<6>(amax), s));
   }
