@@ -28,6 +28,7 @@
 // arithmetic on it, so FTZ/DAZ cannot change it) and every positive normal q_max.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "common/host_math.h"
@@ -78,14 +79,17 @@ TE_HD uint8_t to_e5m2(float v) {  // emin -14, bias 15, 2 mantissa bits, C = 2^7
   return static_cast<uint8_t>(b::select(is_nan(u), e5m2_nan(u), r));
 }
 
-TE_HD uint8_t to_e2m1(float v) {  // emin 0, bias 1, 1 mantissa bit, C = 2^22, max 0x7 = 6
-  const uint32_t u = b::of(v);
-  const uint32_t a = u & 0x7fffffffu;
+// The E2M1 code of the float whose bits are a, sign bit clear (0x8 for NaN).
+TE_HD uint32_t e2m1_magnitude(uint32_t a) {  // emin 0, bias 1, 1 mantissa bit, C = 2^22, max 6
   const uint32_t n = (a - (126u << 23) + 0x1fffffu + ((a >> 22) & 1u)) >> 22;
   const uint32_t normal = b::select(n > 0x7u, 0x7u, n);  // > 6 and inf saturate
   const uint32_t sub = b::of(b::to_float(a) + 0x1p22f) - 0x4a800000u;
-  const uint32_t r = b::select(a < 0x3f800000u, sub, normal) | ((u >> 28) & 0x8u);
-  return static_cast<uint8_t>(b::select(is_nan(u), 0x8u, r));
+  return b::select(a > 0x7f800000u, 0x8u, b::select(a < 0x3f800000u, sub, normal));
+}
+
+TE_HD uint8_t to_e2m1(float v) {
+  const uint32_t u = b::of(v);
+  return static_cast<uint8_t>(e2m1_magnitude(u & 0x7fffffffu) | ((u >> 28) & 0x8u));
 }
 
 }  // namespace detail
@@ -114,6 +118,9 @@ TE_HD uint8_t to_e5m2(float v) {
 
 // The code in the low nibble (bit 3 = sign), as ml_dtypes.float4_e2m1fn holds it.
 TE_HD uint8_t to_e2m1(float v) { return detail::to_e2m1(v); }
+
+// The E2M1 code (sign bit clear) of q >= 0, or 0x8 for a NaN q.
+TE_HD uint32_t e2m1_magnitude(float q) { return detail::e2m1_magnitude(math::host::bits::of(q)); }
 
 // Two values at once, x in the low byte (memory order): one cvt instruction on sm_89+.
 TE_HD uint16_t to_e4m3x2(float x, float y) {
@@ -316,6 +323,26 @@ TE_HD void significand(uint32_t u, uint32_t& m, int& e) {
 }
 
 }  // namespace detail
+
+// RN(a / b) for a in [0, 2^100] (or NaN) and b a positive E4M3 value, given r = RN(1 / b) (a
+// larger a can overflow q0 and give NaN; NVFP4's |y * S| is at most 2688 * (1 + 2^-23)): NVFP4's
+// division by the block scale in three operations. q0 = RN(a * r) is within an ulp of a / b, so
+// e = a - b * q0 is a float and the FMA gives it exactly, and RN(q0 + e * r) is RN(a / b)
+// (Markstein's correction step; it needs r within half an ulp of 1 / b). encode_test checks the
+// identity for every float32 significand of a over every E4M3 significand of b, and a's
+// exponents over the whole range: exact wherever a >= 2^-100. For smaller a the residual e can
+// fall below the subnormal grid and the result be an ulp off, but both it and a / b are then
+// below 2^-91, whose E2M1 code is 0. A division costs several times more: reciprocal,
+// refinement, range check and a branch per value.
+TE_HD float div_by_e4m3(float a, float b, float r) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(a, r);
+  return __fmaf_rn(__fmaf_rn(-q0, b, a), r, q0);
+#else
+  const float q0 = a * r;
+  return std::fma(std::fma(-q0, b, a), r, q0);
+#endif
+}
 
 // a / b in float32, correctly rounded (ties to even) for every result, subnormal included, with
 // IEEE special cases. On the host in integer arithmetic only, so the CPU's FTZ/DAZ mode cannot

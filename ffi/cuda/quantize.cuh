@@ -306,21 +306,27 @@ struct MxScale {
 };
 
 // NVFP4 block scale (E4M3 code) of a block with max |y| = amax under global scale s, and the
-// E2M1 code of y in a block whose scale decodes to bs (0 where bs is 0). IEEE operations, in
-// the CPU's order.
+// E2M1 code of RN(RN(y * s) / bs) in a block whose scale decodes to bs (0 where bs is 0), given
+// rb = RN(1 / bs) (once per block): IEEE operations, in the CPU's order. The quotient of the
+// magnitude is fmt::div_by_e4m3 (three operations; __fdiv_rn per value cost a reciprocal, its
+// refinement and a range-check branch), the sign of y * s goes back on its code (-0 / bs is -0:
+// code 0x8; a NaN's code is 0x8 either way).
 __device__ __forceinline__ uint8_t nvfp4_scale(unsigned key, float s) {
   return fmt::to_e4m3(__fmul_rn(__fdiv_rn(__uint_as_float(key), 6.0f), s));
 }
-__device__ __forceinline__ uint32_t nvfp4_code(float y, float s, float bs) {
-  const uint32_t c = fmt::to_e2m1(__fdiv_rn(__fmul_rn(y, s), bs));
+__device__ __forceinline__ uint32_t nvfp4_code(float y, float s, float bs, float rb) {
+  const float p = __fmul_rn(y, s);
+  const uint32_t c = fmt::e2m1_magnitude(fmt::div_by_e4m3(fabsf(p), bs, rb)) |
+                     ((__float_as_uint(p) >> 28) & 0x8u);
   return bs == 0.0f ? 0u : c;
 }
 // 8 values -> 4 bytes (two codes per byte, first in the low nibble), little-endian.
 template <typename V>
-__device__ __forceinline__ uint32_t nvfp4_codes(const V& v, float s, const float (&bs)[8]) {
+__device__ __forceinline__ uint32_t nvfp4_codes(const V& v, float s, const float (&bs)[8],
+                                                const float (&rb)[8]) {
   uint32_t w = 0;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) w |= nvfp4_code(v[k], s, bs[k]) << (4 * k);
+  for (int k = 0; k < 8; ++k) w |= nvfp4_code(v[k], s, bs[k], rb[k]) << (4 * k);
   return w;
 }
 
@@ -374,10 +380,10 @@ struct Smem {
   static constexpr size_t kPartBytes = kBwd ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
   static constexpr size_t kA = std::max({kTensorBytes, kRedBytes, kPartBytes, size_t{16}});
   // Region B: per column block [O][kNblk][kCols]: MX: the scaling factor (MxScale::factor,
-  // float); NVFP4: the decoded E4M3 block scale (float).
+  // float); NVFP4: the decoded E4M3 block scale and its reciprocal ([2][O][kNblk][kCols] float).
   static constexpr size_t kB =
       M == Mode::kMx ? size_t{G::O} * G::kCols * 4
-                     : (M == Mode::kNvfp4 ? size_t{G::O} * 2 * G::kCols * 4 : 16);
+                     : (M == Mode::kNvfp4 ? size_t{2} * G::O * 2 * G::kCols * 4 : 16);
 };
 
 template <typename Spec, typename T, Mode M, bool kBwd>
@@ -639,13 +645,13 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
               } else {
                 const uint8_t code = nvfp4_scale(key, s);
                 if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
-                float bs[8];
-                const float bsv = fmt::from_e4m3(code);
+                float bs[8], rb[8];
+                const float bsv = fmt::from_e4m3(code), rbv = __frcp_rn(bsv);
 #pragma unroll
-                for (int k = 0; k < 8; ++k) bs[k] = bsv;
+                for (int k = 0; k < 8; ++k) bs[k] = bsv, rb[k] = rbv;
                 if (nok[i] > 0) {
-                  store_fp4x8(a.data + (y_off + i * n + l * H) / 2, nvfp4_codes(v[i][l], s, bs),
-                              a.vec_out, nok[i]);
+                  store_fp4x8(a.data + (y_off + i * n + l * H) / 2,
+                              nvfp4_codes(v[i][l], s, bs, rb), a.vec_out, nok[i]);
                 }
               }
             }
@@ -654,7 +660,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
         if (colwise) {
           auto& red = *reinterpret_cast<unsigned(*)[O][kRL][kCols]>(smem_a);
           auto& mx_f = *reinterpret_cast<float(*)[O][kCols]>(smem_b);
-          auto& fp4_bs = *reinterpret_cast<float(*)[O][kNblk][kCols]>(smem_b);
+          // NVFP4: the decoded block scales, then their reciprocals RN(1 / bs).
+          auto& fp4_bs = *reinterpret_cast<float(*)[2][O][kNblk][kCols]>(smem_b);
           // Per-lane column maxima over the lane's R rows (all in one column block: R | 16).
 #pragma unroll
           for (int l = 0; l < O; ++l) {
@@ -696,7 +703,9 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
               if (out) a.cbscale[(r0 / 32) * n + l * H + col] = static_cast<uint8_t>(127 - sc.k);
             } else {
               const uint8_t code = nvfp4_scale(m, s);
-              fp4_bs[l][blk][c] = fmt::from_e4m3(code);
+              const float bs = fmt::from_e4m3(code);
+              fp4_bs[0][l][blk][c] = bs;
+              fp4_bs[1][l][blk][c] = __frcp_rn(bs);
               if (out) a.cbscale[((r0 + 16 * blk) / 16) * n + l * H + col] = code;
             }
           }
@@ -727,14 +736,16 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 }
               }
             } else {
-              const float4* src = reinterpret_cast<const float4*>(&fp4_bs[l][blk][tx * 8]);
-              const float4 u0 = src[0], u1 = src[1];
+              const float4* src = reinterpret_cast<const float4*>(&fp4_bs[0][l][blk][tx * 8]);
+              const float4* srr = reinterpret_cast<const float4*>(&fp4_bs[1][l][blk][tx * 8]);
+              const float4 u0 = src[0], u1 = src[1], w0 = srr[0], w1 = srr[1];
               const float bs[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+              const float rb[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
               for (int i = 0; i < R; ++i) {
                 if (nok[i] > 0) {
                   store_fp4x8(a.colwise + (y_off + i * n + l * H) / 2,
-                              nvfp4_codes(v[i][l], s, bs), a.vec_out, nok[i]);
+                              nvfp4_codes(v[i][l], s, bs, rb), a.vec_out, nok[i]);
                 }
               }
             }

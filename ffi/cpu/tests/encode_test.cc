@@ -15,7 +15,9 @@
 //            s and every positive finite E4M3 block scale bs (the smaller set of v); and the
 //            block scales nvfp4_block_scale<true>(amax, s) against formats.h's exact steps for
 //            every 1031st non-negative amax pattern, every 31st one below 6 * 2^-126, and those
-//            that land on and next to E4M3 codes and midpoints.
+//            that land on and next to E4M3 codes and midpoints;
+//   div      formats.h's div_by_e4m3, the CUDA NVFP4 kernels' division by the block scale,
+//            against a / b (check_div_by_e4m3).
 // The sampled checks are there for the one-multiply shortcuts (plain_tensor_scale,
 // mxfp8_plain_exponent), whose arguments are about magnitudes, not about individual bit patterns;
 // the encoders themselves are checked on every input.
@@ -327,6 +329,46 @@ void check_nvfp4_block_scales(int threads, bool ftz, Report& rep) {
 }
 
 }  // namespace
+// formats.h's div_by_e4m3 (the CUDA NVFP4 kernels' division by the block scale, three operations
+// given r = RN(1 / b)) against the correctly rounded a / b, in IEEE mode (the device keeps
+// subnormals): every significand of a at the exponents whose quotients span every E2M1 code,
+// over E4M3's eight significands of b; and every 4099th pattern of a in [0, 2^100) (zero and
+// subnormals included) over every positive finite E4M3 b. Exact wherever a >= 2^-100;
+// below, both quotients are under 2^-91.
+void check_div_by_e4m3(int threads, Report& rep) {
+  auto check = [&rep](float a, float b) {
+    const float r = 1.0f / b;  // SSE division: correctly rounded
+    const float got = fmt::div_by_e4m3(a, b, r), want = a / b;
+    if (bits_of(got) == bits_of(want) || (a < 0x1p-100f && want < 0x1p-91f && got < 0x1p-91f)) {
+      return;
+    }
+    char ctx[96];
+    std::snprintf(ctx, sizeof ctx, "div_by_e4m3 b=%g: want 0x%08x got 0x%08x", b, bits_of(want),
+                  bits_of(got));
+    rep.add("e2m1", ctx, bits_of(a), fmt::e2m1_magnitude(want), fmt::e2m1_magnitude(got));
+  };
+  run_split(uint64_t{1} << 23, threads, false, [&](uint64_t begin, uint64_t end) {
+    for (uint64_t m = begin; m < end; ++m) {
+      for (uint32_t code = 0x38; code <= 0x3f; ++code) {  // 1, 1.125, ..., 1.875
+        const float b = fmt::from_e4m3(static_cast<uint8_t>(code));
+        for (int e = -3; e <= 3; ++e) {
+          check(float_of((static_cast<uint32_t>(127 + e) << 23) | static_cast<uint32_t>(m)), b);
+        }
+      }
+    }
+  });
+  const uint64_t count = 0x71800000u / 4099 + 1;  // a < 2^100
+  run_split(count, threads, false, [&](uint64_t begin, uint64_t end) {
+    for (uint64_t k = begin; k < end; ++k) {
+      const float a = float_of(static_cast<uint32_t>(k * 4099));
+      for (uint32_t code = 0x01; code <= 0x7e; ++code) {
+        check(a, fmt::from_e4m3(static_cast<uint8_t>(code)));
+      }
+    }
+  });
+  if (!std::isnan(fmt::div_by_e4m3(NAN, 1.5f, 1.0f / 1.5f))) rep.add("e2m1", "div NaN", 0, 1, 0);
+}
+
 
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -376,6 +418,11 @@ int main(int argc, char** argv) {
                 "(%.1f s)\n", mode, v_few.size(),
                 static_cast<unsigned long long>(rep.mismatches - before_n), lap());
   }
+  const uint64_t before_d = rep.mismatches;
+  check_div_by_e4m3(threads, rep);
+  std::printf("div_by_e4m3 IEEE every significand x 8 block-scale significands; every 4099th "
+              "pattern x 126 block scales: %llu mismatches (%.1f s)\n",
+              static_cast<unsigned long long>(rep.mismatches - before_d), lap());
   std::printf("%s\n", rep.mismatches == 0 ? "PASS" : "FAIL");
   return rep.mismatches == 0 ? 0 : 1;
 }
