@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Fit the polynomial coefficients of ffi/common/host_math.h and print them as C constants.
+"""Fit the polynomial coefficients of ffi/common/host_math.h (and of common/math.h's device erf)
+and print them as C constants.
 
-    python3 tools/fit_host_math.py
+    python3 tools/fit_host_math.py [--check | --check-device [--full]]
 
 Needs only NumPy; the reference values come from float64 `math.exp`, `math.erf`, `math.erfc`.
 
@@ -21,6 +22,13 @@ erf   small |x| < 1:   erf(x) ~= x + x * W(x^2), W of degree 6 (W(0) = 2/sqrt(pi
                        float32 evaluation error under --check.
       |x| > 3.9375:    1. Beyond 3.9192, erfc(x) < 2^-25 (half the spacing of floats below 1),
                        so 1.0f is the correctly rounded erf.
+
+device erf (common/math.h, CUDA only): erf(x) = sign(x) * (1 - 2^P(t)), t = min(|x|, 3.9375),
+      P(t) = t * Q(t) ~= log2(erfc(t)) with Q of degree 7, minimising the absolute error of erf
+      (weight erfc(t) ln 2). Branch-free on the GPU: a clamp, 8 FMAs, exp2f, a subtraction.
+      `--check-device` evaluates that float32 form (FMAs emulated, 2^p exact) against double erf
+      on every 61st float32 in [0, 4.5] (`--full`: every one); kernel_test measures it on the GPU,
+      exp2f's error included.
 
 `--check` compiles host::erf from ffi/common/host_math.h with the host C++ compiler (g++ by
 default, $CXX) and compares it with double-precision erf over all 2^32 float inputs, once per
@@ -117,6 +125,58 @@ def fit_erf_large(deg=14):
     basis = np.stack([s**k for k in range(deg + 1)], axis=1)
     c = fit_rounded(basis, target, np.ones_like(x), order=range(deg + 1))
     return c, np.abs(basis @ c - target).max()
+
+
+def fit_erf_device(deg=8):
+    """common/math.h's device erf: erf(t) = 1 - 2^P(t) for t = min(|x|, ERF_ONE), with
+    P(t) = t * Q(t) ~= log2(erfc(t)) (P(0) = 0: erf(0) is exactly 0), Q of degree deg - 1.
+    Minimises the absolute error of erf, erfc(t) * ln2 * |P - log2 erfc|."""
+    lo, hi = 0.0, ERF_ONE
+    t = np.concatenate(
+        [
+            np.linspace(lo, hi, 40001),
+            (lo + hi) / 2 + (hi - lo) / 2 * np.sin(np.linspace(-1.5707963, 1.5707963, 4001)),
+        ]
+    )
+    erfc_t = np.array([math.erfc(v) for v in t])
+    target = np.log2(erfc_t)
+    basis = np.stack([t**k for k in range(1, deg + 1)], axis=1)
+    weight = erfc_t * math.log(2.0)
+    c = fit_rounded(basis, target, weight, order=range(deg))
+    return c, np.abs((basis @ c - target) * weight).max()
+
+
+def device_erf32(x, q):
+    """The device erf in float32 as math.h evaluates it: t = min(|x|, ERF_ONE), Horner with FMAs
+    for Q (each FMA emulated in float64: the product is exact there, the sum rounded twice,
+    which moves a result by at most one float32 ulp of an intermediate in rare ties), p = Q * t,
+    then 1 - 2^p with an exact 2^p (the device's exp2f adds up to 2 ulps of 2^p <= 1)."""
+    t = np.minimum(np.abs(x), F32(ERF_ONE)).astype(np.float64)
+    acc = np.full_like(t, F32(q[-1]), dtype=np.float64)
+    for k in range(len(q) - 2, -1, -1):
+        acc = (acc * t + np.float64(F32(q[k]))).astype(F32).astype(np.float64)
+    p = (acc * t).astype(F32).astype(np.float64)
+    r = (1.0 - np.exp2(p).astype(F32).astype(np.float64)).astype(F32)
+    return np.copysign(r, x)
+
+
+def check_erf_device(q, stride=1):
+    """Max |device_erf32 - erf| over every stride-th float32 in [0, 4.5] (and its sign)."""
+    from math import erf
+
+    verf = np.vectorize(erf, otypes=[np.float64])
+    end = int(np.array(4.5, F32).view(np.uint32))
+    worst, worst_x = 0.0, 0.0
+    for b0 in range(0, end + 1, 1 << 22):
+        u = np.arange(b0, min(end + 1, b0 + (1 << 22)), stride, dtype=np.uint32)
+        x = u.view(F32)
+        err = np.abs(device_erf32(x, q).astype(np.float64) - verf(x.astype(np.float64)))
+        i = int(err.argmax())
+        if err[i] > worst:
+            worst, worst_x = float(err[i]), float(x[i])
+    neg = device_erf32(np.array([-0.0, -1.0, np.inf, -np.inf], F32), q)
+    assert np.signbit(neg[0]) and neg[1] < 0 and neg[2] == 1 and neg[3] == -1, neg
+    return worst, worst_x
 
 
 def c_list(name, coeffs):
@@ -254,6 +314,15 @@ def main():
         f"E0..E{len(cl) - 1}, max absolute error {el:.3g}"
     )
     print(c_list("kErfLarge", cl))
+    cd, ed = fit_erf_device()
+    print(f"// device erf: 1 - 2^(t * Q(t)), t = min(|x|, {ERF_ONE:g}), Q0..Q{len(cd) - 1}, "
+          f"max absolute error of the fit {ed:.3g}")
+    print(c_list("kErfDevice", cd))
+    if "--check-device" in sys.argv[1:]:
+        stride = 1 if "--full" in sys.argv[1:] else 61
+        worst, at = check_erf_device(cd, stride)
+        print(f"// device erf in float32 (exact 2^p), every {stride} float32 in [0, 4.5]: "
+              f"max absolute error {worst:.3g} at x = {at:.9g}")
 
 
 if __name__ == "__main__":

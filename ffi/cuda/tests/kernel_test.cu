@@ -9,7 +9,8 @@
 //   - that the launches can be captured into a CUDA graph (after a load_only pass, as the
 //     Initialize stage does) and the replay gives the same bits,
 //   - the device sigmoid (hardware exp and reciprocal approximations, common/math.h) against
-//     float64 over the whole float32 range where it is neither 0 nor 1, within its error bound.
+//     float64 over the whole float32 range where it is neither 0 nor 1, and the device erf
+//     (branch-free fit, common/math.h) up to |x| = 8, each within its error bound.
 // It is meant to be run on the GPU, also under compute-sanitizer (use --quick there).
 // Build and run: ffi/cuda/tests/run.sh (see there).
 #include <cuda_bf16.h>
@@ -408,14 +409,44 @@ void run_all(ActivationEnum act) {
   test_graph<Spec, T>(act);
 }
 
-// ---- device sigmoid accuracy -------------------------------------------------------------------
+// ---- device math accuracy (common/math.h) ------------------------------------------------------
 
-// math::sigmoid of the float32 with bits (i * step) | sign, i < n.
-__global__ void sigmoid_kernel(uint32_t step, uint32_t sign, uint64_t n, float* out) {
+struct DeviceSigmoid {
+  __device__ float operator()(float x) const { return math::sigmoid(x); }
+};
+struct DeviceErf {
+  __device__ float operator()(float x) const { return math::erf(x); }
+};
+
+// F{}(x) for the float32 x with bits (i * step) | sign, i < n.
+template <typename F>
+__global__ void math_kernel(uint32_t step, uint32_t sign, uint64_t n, float* out) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
        i += uint64_t{gridDim.x} * blockDim.x) {
-    out[i] = math::sigmoid(__uint_as_float(static_cast<uint32_t>(i * step) | sign));
+    out[i] = F{}(__uint_as_float(static_cast<uint32_t>(i * step) | sign));
   }
+}
+
+// F on the device over every step-th float32 of either sign up to |x| = limit; visit(x, F(x))
+// on the host for each.
+template <typename F, typename Visit>
+void sweep(float limit, uint32_t step, const Visit& visit) {
+  const uint64_t n = bits(limit) / step + 1;
+  float* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, n * sizeof(float)));
+  std::vector<float> got(n);
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    math_kernel<F><<<1024, 256>>>(step, sign, n, d);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint32_t u = static_cast<uint32_t>(i * step) | sign;
+      float x;
+      std::memcpy(&x, &u, 4);
+      visit(x, got[i]);
+    }
+  }
+  CHECK_CUDA(cudaFree(d));
 }
 
 // Every 64th float32 of either sign up to |x| = 104 (sigmoid is 0 or 1 within its bound beyond;
@@ -424,40 +455,52 @@ __global__ void sigmoid_kernel(uint32_t step, uint32_t sign, uint64_t n, float* 
 // result is below the normal range. Prints the largest error in ulps (units of 2^-24 * s).
 void test_sigmoid_accuracy() {
   Case c;
-  const uint32_t step = g_quick ? 1024 : 64;
-  const uint64_t n = bits(104.0f) / step + 1;
-  float* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, n * sizeof(float)));
-  std::vector<float> got(n);
   double worst = 0.0, worst_x = 0.0, worst_small = 0.0;  // worst_small: |x| <= 16
   int bad = 0;
-  for (uint32_t sign : {0u, 0x80000000u}) {
-    sigmoid_kernel<<<1024, 256>>>(step, sign, n, d);
-    CHECK_CUDA(cudaGetLastError());
-    CHECK_CUDA(cudaMemcpy(got.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
-    for (uint64_t i = 0; i < n; ++i) {
-      uint32_t u = static_cast<uint32_t>(i * step) | sign;
-      float xf;
-      std::memcpy(&xf, &u, 4);
-      const double x = xf, want = 1.0 / (1.0 + std::exp(-x));
-      const double err = std::fabs(got[i] - want);
-      const double ulps = err / (0x1p-24 * want);
-      if (!(err <= 0x1p-24 * (4.0 * std::fabs(x) + 32.0) * want + 0x1p-126)) {
-        if (bad++ < 3) {
-          fail("sigmoid(" + std::to_string(x) + ") = " + std::to_string(got[i]) + ", want " +
-               std::to_string(want));
-        }
-      }
-      if (want >= 0x1p-126 && ulps > worst) {
-        worst = ulps;
-        worst_x = x;
-      }
-      if (std::fabs(x) <= 16.0 && ulps > worst_small) worst_small = ulps;
+  sweep<DeviceSigmoid>(104.0f, g_quick ? 1024 : 64, [&](float xf, float got) {
+    const double x = xf, want = 1.0 / (1.0 + std::exp(-x));
+    const double err = std::fabs(got - want);
+    const double ulps = err / (0x1p-24 * want);
+    if (!(err <= 0x1p-24 * (4.0 * std::fabs(x) + 32.0) * want + 0x1p-126) && bad++ < 3) {
+      fail("sigmoid(" + std::to_string(x) + ") = " + std::to_string(got) + ", want " +
+           std::to_string(want));
     }
-  }
-  CHECK_CUDA(cudaFree(d));
+    if (want >= 0x1p-126 && ulps > worst) {
+      worst = ulps;
+      worst_x = x;
+    }
+    if (std::fabs(x) <= 16.0 && ulps > worst_small) worst_small = ulps;
+  });
   std::printf("device sigmoid: max error %.1f ulps (at x = %g), %.1f ulps for |x| <= 16\n",
               worst, worst_x, worst_small);
+}
+
+// Every 16th float32 of either sign up to |x| = 8 (every 256th with --quick), and the specials:
+// absolute error at most 3e-7 (math.h: 9.2e-8 from the fit evaluated in float32, plus exp2f's
+// 2 ulps of a value <= 1), erf(+-0) = +-0, erf(+-inf) = +-1, erf(NaN) NaN. Prints the largest.
+void test_erf_accuracy() {
+  Case c;
+  double worst = 0.0, worst_x = 0.0;
+  int bad = 0;
+  sweep<DeviceErf>(8.0f, g_quick ? 256 : 16, [&](float xf, float got) {
+    const double x = xf, err = std::fabs(got - std::erf(x));
+    if (!(err <= 3e-7) || (x == 0.0 && std::signbit(got) != std::signbit(xf))) {
+      if (bad++ < 3) fail("erf(" + std::to_string(x) + ") = " + std::to_string(got));
+    }
+    if (err > worst) {
+      worst = err;
+      worst_x = x;
+    }
+  });
+  // The specials: a sweep up to inf in steps of one exponent (its last value is +-inf), and one
+  // up to the quiet NaN in a single step (0 and +-NaN).
+  sweep<DeviceErf>(INFINITY, 0x800000u, [&](float x, float got) {
+    if (std::isinf(x) && got != std::copysign(1.0f, x)) fail("erf(+-inf) != +-1");
+  });
+  sweep<DeviceErf>(std::nanf(""), 0x7fc00000u, [&](float x, float got) {
+    if (std::isnan(x) && !std::isnan(got)) fail("erf(NaN) is not NaN");
+  });
+  std::printf("device erf: max absolute error %.3g (at x = %g)\n", worst, worst_x);
 }
 
 }  // namespace
@@ -474,7 +517,10 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, dev));
   std::printf("device %s, %d SMs%s\n", prop.name, prop.multiProcessorCount,
               g_quick ? " (quick)" : "");
-  if (only.empty()) test_sigmoid_accuracy();
+  if (only.empty()) {
+    test_sigmoid_accuracy();
+    test_erf_accuracy();
+  }
   for (int e = 0; e <= 13; ++e) {
     const auto act = static_cast<ActivationEnum>(e);
     if (!only.empty() && only != act_name(act)) continue;
