@@ -383,7 +383,7 @@ struct Smem {
   // float); NVFP4: the decoded E4M3 block scale and its reciprocal ([2][O][kNblk][kCols] float).
   static constexpr size_t kB =
       M == Mode::kMx ? size_t{G::O} * G::kCols * 4
-                     : (M == Mode::kNvfp4 ? size_t{2} * G::O * 2 * G::kCols * 4 : 16);
+                     : (M == Mode::kNvfp4 ? size_t{2} * G::O * kNblk * G::kCols * 4 : 16);
 };
 
 template <typename Spec, typename T, Mode M, bool kBwd>

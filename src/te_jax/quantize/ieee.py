@@ -229,7 +229,7 @@ def _significand(m):
 # 24-step chain, and where its operands are themselves exact products / quotients (NVFP4's
 # y·S / block_scale) jax 0.11's XLA:CPU compiler does not finish in minutes (measured on the
 # H100 machine: te_jax.quantize(x[64, 64], NVFP4Quantizer(), implementation="xla") over 45 s
-# unfinished; 1.7 s with a barrier every 4 steps; jax 0.10.2 takes 2.8 s either way). The
+# unfinished; 1.7 s with a barrier every 4 steps; jax 0.10.2: 2.8 s without, 2.4 s with). The
 # barriers change no value: each one only makes (q, r) a fusion boundary.
 _DIV_STEPS_PER_FUSION = 4
 
