@@ -344,6 +344,75 @@ TE_HD float div_by_e4m3(float a, float b, float r) {
 #endif
 }
 
+// ---- NVFP4 by comparisons (the CUDA kernels' 16-bit inputs) ------------------------------------
+// For a finite block scale bs > 0, the E2M1 magnitude code of RN(p / bs), p >= 0 a float (inf
+// included), is the number of the seven thresholds P_0 < ... < P_6 that p reaches, no division.
+// Between adjacent E2M1 magnitudes lie the midpoints m_j = 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5; a
+// tie rounds to the even code, which is the upper neighbour at j odd (1.0, 2.0, 4.0) and the lower
+// one at j even. So code > j iff RN(p / bs) >= m_j (j odd), iff RN(p / bs) > m_j (j even), i.e.
+// p / bs >= m_j - u/2 (u the float spacing below m_j), resp. p / bs > m_j + ulp(m_j)/2. bs * m_j
+// is exact (4 + 3 significant bits, at least 2^-11) and bs * (m_j -+ half a spacing) lies strictly
+// between bs * m_j and its float neighbour, so for a float p: p >= bs * m_j (j odd), resp.
+// p >= nextup(bs * m_j) (j even). Saturation is built in (p past P_6 is code 7, as RN(p / bs) > 5
+// is). encode_test checks it against e2m1(p / bs) for every block scale around every threshold.
+TE_HD float nvfp4_threshold(float bs, int j) {
+  namespace b = math::host::bits;
+  const float m =
+      j < 4 ? 0.25f + 0.5f * static_cast<float>(j) : (j == 4 ? 2.5f : (j == 5 ? 3.5f : 5.0f));
+  const float t = bs * m;
+  return (j & 1) ? t : b::to_float(b::of(t) + 1u);
+}
+
+// 16-bit floats (kBf16: bfloat16, else float16) as bit patterns, for the thresholds below.
+template <bool kBf16>
+TE_HD float half_value(uint32_t h) {  // exact, h < 0x8000 (sign clear)
+  namespace b = math::host::bits;
+  if constexpr (kBf16) {
+    return b::to_float(h << 16);
+  } else {
+    const uint32_t e = h >> 10, m = h & 0x3ffu;
+    const float sub = static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f;  // exact
+    const uint32_t normal = e == 31u ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13);
+    return e == 0u ? sub : b::to_float(normal);
+  }
+}
+template <bool kBf16>
+TE_HD uint32_t half_bits_rd(float z) {  // the largest 16-bit value <= z, for z >= 0 (NaN: inf)
+  namespace b = math::host::bits;
+  const uint32_t u = b::of(z);
+  if constexpr (kBf16) {
+    return u >= 0x7f800000u ? 0x7f80u : u >> 16;
+  } else {
+    if (u >= 0x7f800000u) return 0x7c00u;
+    if (u >= 0x47800000u) return 0x7bffu;                           // >= 65536: the max, 65504
+    if (u >= 0x38800000u) return (u - (112u << 23)) >> 13;          // normal: truncate
+    return static_cast<uint32_t>(b::to_float(u) * 0x1p24f);         // subnormal: whole quanta
+  }
+}
+
+// The threshold P in the 16-bit input's own terms: the bits of the smallest 16-bit magnitude Y
+// with RN(Y * s) >= P, for a finite scale s > 0 and inv_s = RN(1 / s). y -> RN(y * s) is
+// monotone, so for an input y (a 16-bit value, exact in float32) RN(|y| * s) >= P iff |y| >= Y,
+// and the codes of a block are integer comparisons of 15-bit magnitudes. z = RN(P * inv_s) is
+// within two float32 ulps of the real threshold y*, far less than a 16-bit ulp (2^-8 or 2^-11
+// relative). With c = z rounded down to 16 bits: c - 1 <= z - ulp < y* fails; if c fails, c + 1
+// > z passes unless y* lies in the sliver between z and c + 1, and then c + 2 does. So Y is the
+// first of c, c + 1 that passes, else c + 2.
+template <bool kBf16>
+TE_HD uint32_t nvfp4_input_threshold(float P, float s, float inv_s) {
+  constexpr uint32_t kInf = kBf16 ? 0x7f80u : 0x7c00u;
+#if defined(__CUDA_ARCH__)
+  const auto pass = [&](uint32_t h) { return __fmul_rn(half_value<kBf16>(h), s) >= P; };
+  const uint32_t c = half_bits_rd<kBf16>(__fmul_rn(P, inv_s));
+#else
+  const auto pass = [&](uint32_t h) { return mul_exact(half_value<kBf16>(h), s) >= P; };
+  const uint32_t c = half_bits_rd<kBf16>(mul_exact(P, inv_s));
+#endif
+  const uint32_t c1 = c + 1u < kInf ? c + 1u : kInf;
+  const uint32_t c2 = c + 2u < kInf ? c + 2u : kInf;
+  return pass(c) ? c : (pass(c1) ? c1 : c2);
+}
+
 // a / b in float32, correctly rounded (ties to even) for every result, subnormal included, with
 // IEEE special cases. On the host in integer arithmetic only, so the CPU's FTZ/DAZ mode cannot
 // change it: the significands' quotient (ma << 40) / mb has 40 or 41 bits; its remainder is the

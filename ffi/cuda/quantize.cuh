@@ -31,7 +31,9 @@
 //           once, and every lane encodes its rows with its columns' factors; colwise codes keep
 //           the rowwise layout (one store per lane and row);
 //   NVFP4   the same with 16-element blocks (2 lanes rowwise, 16 rows colwise), E4M3 block scales,
-//           E2M1 codes packed two per byte (4 bytes per lane and row);
+//           E2M1 codes packed two per byte (4 bytes per lane and row); for 16-bit inputs the codes
+//           are counts of thresholds reached, compared two values at a time (kFp4ByCompare),
+//           from a table the block builds per tensor scale;
 //   dbias   (backward) unrounded float32 sums in registers: each thread adds its rows in row order,
 //           tile after tile of its (batch, group); at the end of the group the row lanes' sums
 //           are added in lane order through shared memory and written to workspace[b, g, :]; the
@@ -311,8 +313,14 @@ struct MxScale {
 // magnitude is fmt::div_by_e4m3 (three operations; __fdiv_rn per value cost a reciprocal, its
 // refinement and a range-check branch), the sign of y * s goes back on its code (-0 / bs is -0:
 // code 0x8; a NaN's code is 0x8 either way).
+// RN(amax / 6) is fmt::div_by_e4m3 (6 is an E4M3 value) wherever it is exact, amax = 0 or in
+// [2^-100, inf); a smaller amax (its quotient may be subnormal), inf and NaN take the IEEE
+// division, which costs a range check and a slow-path call besides.
 __device__ __forceinline__ uint8_t nvfp4_scale(unsigned key, float s) {
-  return fmt::to_e4m3(__fmul_rn(__fdiv_rn(__uint_as_float(key), 6.0f), s));
+  const float amax = __uint_as_float(key);
+  const bool fast = key - 0x0d800000u < 0x7f800000u - 0x0d800000u || key == 0u;
+  const float q = fast ? fmt::div_by_e4m3(amax, 6.0f, 0x1.555556p-3f) : __fdiv_rn(amax, 6.0f);
+  return fmt::to_e4m3(__fmul_rn(q, s));
 }
 __device__ __forceinline__ uint32_t nvfp4_code(float y, float s, float bs, float rb) {
   const float p = __fmul_rn(y, s);
@@ -328,6 +336,81 @@ __device__ __forceinline__ uint32_t nvfp4_codes(const V& v, float s, const float
 #pragma unroll
   for (int k = 0; k < 8; ++k) w |= nvfp4_code(v[k], s, bs[k], rb[k]) << (4 * k);
   return w;
+}
+
+// ---- NVFP4 of 16-bit values: codes by comparison -------------------------------------------
+// For bfloat16 / float16 inputs the E2M1 code of RN(RN(y * s) / bs) needs no arithmetic per value:
+// it is the count of the block's seven thresholds that |y| reaches (fmt::nvfp4_threshold,
+// fmt::nvfp4_input_threshold), an integer comparison of 15-bit magnitudes, two values per
+// 32-bit operation. Per tensor scale, each block builds the thresholds of every E4M3 block-scale
+// code into shared memory (Fp4Table); a value pair then costs 7 subtractions, 4 logic operations
+// and 5 to place the bits, where the division and the E2M1 rounding cost about 20 per value.
+template <typename T>
+inline constexpr bool kFp4ByCompare = !std::is_same_v<T, float>;
+
+// [code][j]: threshold j of E4M3 block-scale code `code`, doubled into both halves (Y | Y << 16).
+using Fp4Table = uint32_t[128][8];
+
+template <typename T>
+__device__ __forceinline__ void build_fp4_table(Fp4Table& tab, float s) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const float inv_s = __frcp_rn(s);
+  for (int e = threadIdx.x; e < 128 * 7; e += kThreads) {
+    const int c = e / 7, j = e - 7 * c;
+    const float bs = fmt::from_e4m3(static_cast<uint8_t>(c));
+    const uint32_t y = fmt::nvfp4_input_threshold<kBf16>(fmt::nvfp4_threshold(bs, j), s, inv_s);
+    tab[c][j] = y | (y << 16);
+  }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// The two E2M1 codes (first in the low nibble) of the packed 16-bit pair w, in byte 3 of the
+// result, given each half's thresholds y[j] (low half's in the low 16 bits). (w | 0x8000) - Y
+// never borrows across halves (Y <= 0x7f80), and its bit 15 is |w| >= Y; so bit 15 / 31 of
+// d_j is comparison j. The seven comparisons are a thermometer code of the magnitude: bit 0 is
+// their parity, bit 1 is (c1 & !c3) | c5, bit 2 is c3. prmt with sign-replicating selectors
+// spreads these bits (and the signs, bits 15 / 31 of w) into byte masks; each code bit is kept
+// at its place in the output byte, in a different byte of z, and the multiply by 0x01010101 sums
+// z's four bytes into byte 3 (their bits are disjoint: no carries).
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w, const uint32_t (&y)[7]) {
+  const uint32_t a = w | 0x80008000u;
+  uint32_t d[7];
+#pragma unroll
+  for (int j = 0; j < 7; ++j) d[j] = a - y[j];
+  const uint32_t b0 = d[0] ^ d[1] ^ d[2] ^ d[3] ^ d[4] ^ d[5] ^ d[6];
+  const uint32_t b1 = (d[1] & ~d[3]) | d[5];
+  const uint32_t ma = prmt(b0, b1, 0xfdb9u);  // [b0 lo, b0 hi, b1 lo, b1 hi] as byte masks
+  const uint32_t mb = prmt(d[3], w, 0xfdb9u);  // [b2 lo, b2 hi, sign lo, sign hi]
+  const uint32_t z = (ma & 0x20021001u) | (mb & 0x80084004u);
+  return z * 0x01010101u;
+}
+
+// Byte 3 of r0 and r1 -> bytes 0 and 1.
+__device__ __forceinline__ uint32_t fp4_join2(uint32_t r0, uint32_t r1) {
+  return prmt(r0, r1, 0x0073u);
+}
+
+// prmt(part, q, kFp4Place[p]) puts byte 3 of q (pair p's codes) at byte p of part, keeping
+// bytes 0..p-1.
+__device__ constexpr uint32_t kFp4Place[4] = {0x0003u, 0x0070u, 0x0710u, 0x7210u};
+
+// The colwise thresholds' shared-memory word of (lane tx, column pair p): the lanes' words of
+// one pair are adjacent, so a warp's 4-byte loads hit 32 different banks.
+template <int kTx>
+__device__ __forceinline__ int fp4_pair_slot(int tx, int p) {
+  return p * kTx + tx;
+}
+
+// The codes of a block whose scale is 0 (all +0) or NaN (all 0x8, as fmt::e2m1_magnitude of a
+// NaN quotient gives); other blocks keep theirs.
+__device__ __forceinline__ uint32_t fp4_special(uint32_t w, uint8_t code) {
+  const uint32_t c = code & 0x7fu;
+  return c == 0u ? 0u : (c == 0x7fu ? 0x88888888u : w);
 }
 
 // Stores 8 codes (one byte each) at p: one 8-byte store on the vector path, else the first n_ok.
@@ -380,10 +463,17 @@ struct Smem {
   static constexpr size_t kPartBytes = kBwd ? size_t{G::O} * G::kRL * G::kCols * 4 : 0;
   static constexpr size_t kA = std::max({kTensorBytes, kRedBytes, kPartBytes, size_t{16}});
   // Region B: per column block [O][kNblk][kCols]: MX: the scaling factor (MxScale::factor,
-  // float); NVFP4: the decoded E4M3 block scale and its reciprocal ([2][O][kNblk][kCols] float).
+  // float); NVFP4: the decoded E4M3 block scale and its reciprocal ([2][O][kNblk][kCols] float),
+  // or for 16-bit inputs the block's thresholds and special-case masks ([O][kNblk][8][kCols]
+  // u16, see kFp4ByCompare).
+  static constexpr bool kFp4Cmp = M == Mode::kNvfp4 && kFp4ByCompare<T>;
   static constexpr size_t kB =
       M == Mode::kMx ? size_t{G::O} * G::kCols * 4
-                     : (M == Mode::kNvfp4 ? size_t{2} * G::O * kNblk * G::kCols * 4 : 16);
+      : M != Mode::kNvfp4 ? 16
+      : kFp4Cmp ? size_t{G::O} * kNblk * 8 * G::kCols * 2
+                : size_t{2} * G::O * kNblk * G::kCols * 4;
+  // Region T (16-bit NVFP4): the threshold table of the batch's tensor scale.
+  static constexpr int kTableRows = kFp4Cmp ? 128 : 1;
 };
 
 template <typename Spec, typename T, Mode M, bool kBwd>
@@ -393,8 +483,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
   using S = Smem<Spec, T, M, kBwd>;
   constexpr int L = G::L, O = G::O, R = G::R, kCols = G::kCols, kTx = G::kTx, kRL = G::kRL;
   constexpr int kNblk = S::kNblk;
+  constexpr bool kFp4Cmp = S::kFp4Cmp;
   __shared__ alignas(16) unsigned char smem_a[S::kA];
   __shared__ alignas(16) unsigned char smem_b[S::kB];
+  __shared__ alignas(16) uint32_t smem_t[S::kTableRows][8];
 
   const int tid = threadIdx.x;
   const int tx = tid % kTx, ty = tid / kTx;
@@ -413,7 +505,12 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
 
   // Work items (column tile x, group y, batch z), grid-strided in each dimension (the grid is
   // (col_tiles, groups, batches) unless capped).
-  for (uint32_t b = blockIdx.z; b < a.batches; b += gridDim.z)
+  for (uint32_t b = blockIdx.z; b < a.batches; b += gridDim.z) {
+  if constexpr (kFp4Cmp) {
+    __syncthreads();  // the previous batch's table is read until here
+    build_fp4_table<T>(*reinterpret_cast<Fp4Table*>(smem_t), tensor_scale(a, b));
+    __syncthreads();
+  }
   for (uint32_t g = blockIdx.y; g < a.groups; g += gridDim.y)
   for (uint32_t ct = blockIdx.x; ct < a.col_tiles; ct += gridDim.x) {
     uint32_t t_begin = g, t_end = g + 1;  // without dbias a group is one row tile
@@ -642,6 +739,20 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 for (int k = 0; k < 8; ++k) q[k] = sc(v[i][l][k]);
                 const uint2 c = fp8_codes(a.e5m2, q);
                 if (nok[i] > 0) store_codes8(a.data + y_off + i * n + l * H, c, a.vec_out, nok[i]);
+              } else if constexpr (kFp4Cmp) {
+                const uint8_t code = nvfp4_scale(key, s);
+                if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
+                const uint4* t = reinterpret_cast<const uint4*>(smem_t[code & 0x7fu]);
+                const uint4 t0 = t[0], t1 = t[1];
+                const uint32_t y[7] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z};
+                const uint32_t* w = v[i][l].w;
+                const uint32_t codes = prmt(fp4_join2(fp4_pair(w[0], y), fp4_pair(w[1], y)),
+                                            fp4_join2(fp4_pair(w[2], y), fp4_pair(w[3], y)),
+                                            0x5410u);
+                if (nok[i] > 0) {
+                  store_fp4x8(a.data + (y_off + i * n + l * H) / 2, fp4_special(codes, code),
+                              a.vec_out, nok[i]);
+                }
               } else {
                 const uint8_t code = nvfp4_scale(key, s);
                 if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
@@ -703,9 +814,25 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
               if (out) a.cbscale[(r0 / 32) * n + l * H + col] = static_cast<uint8_t>(127 - sc.k);
             } else {
               const uint8_t code = nvfp4_scale(m, s);
-              const float bs = fmt::from_e4m3(code);
-              fp4_bs[0][l][blk][c] = bs;
-              fp4_bs[1][l][blk][c] = __frcp_rn(bs);
+              if constexpr (kFp4Cmp) {
+                // The block's thresholds from the table, and its special case: row 7 holds the
+                // nibble mask of the codes kept (0xf, or 0 for a zero or NaN scale) in the low
+                // byte and the NaN code (8 or 0) in the high one.
+                auto& thh = *reinterpret_cast<uint16_t(*)[O][kNblk][8][kCols]>(smem_b);
+                // Column c is half c % 2 of pair (c % 8) / 2 of lane c / 8.
+                const int slot = 2 * fp4_pair_slot<kTx>(c / 8, (c % 8) / 2) + c % 2;
+#pragma unroll
+                for (int j = 0; j < 7; ++j) {
+                  thh[l][blk][j][slot] = static_cast<uint16_t>(smem_t[code & 0x7fu][j]);
+                }
+                const uint32_t cc = code & 0x7fu;
+                thh[l][blk][7][slot] = static_cast<uint16_t>(
+                    cc == 0u ? 0u : (cc == 0x7fu ? 0x800u : 0xfu));
+              } else {
+                const float bs = fmt::from_e4m3(code);
+                fp4_bs[0][l][blk][c] = bs;
+                fp4_bs[1][l][blk][c] = __frcp_rn(bs);
+              }
               if (out) a.cbscale[((r0 + 16 * blk) / 16) * n + l * H + col] = code;
             }
           }
@@ -733,6 +860,40 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 if (nok[i] > 0) {
                   store_codes8(a.colwise + y_off + i * n + l * H, c, a.vec_out,
                                nok[i]);
+                }
+              }
+            } else if constexpr (kFp4Cmp) {
+              const auto& thw =
+                  *reinterpret_cast<const uint32_t(*)[O][kNblk][8][kCols / 2]>(smem_b);
+              // One column pair at a time (its 7 thresholds live), rows inner; part[i]: row i's
+              // codes so far, pair p's byte placed at byte p.
+              uint32_t part[R];
+#pragma unroll
+              for (int p = 0; p < 4; ++p) {
+                uint32_t y[7];
+#pragma unroll
+                for (int j = 0; j < 7; ++j) y[j] = thw[l][blk][j][fp4_pair_slot<kTx>(tx, p)];
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                  const uint32_t q = fp4_pair(v[i][l].w[p], y);
+                  part[i] = p == 0 ? q >> 24 : prmt(part[i], q, kFp4Place[p]);
+                }
+              }
+              // Row 7: per column pair, [keep0 | nan0 << 8, keep1 | nan1 << 8]; q | q >> 12 puts
+              // the pair's keep byte in byte 0 and its NaN byte in byte 1.
+              uint32_t z[4];
+#pragma unroll
+              for (int p = 0; p < 4; ++p) {
+                const uint32_t q = thw[l][blk][7][fp4_pair_slot<kTx>(tx, p)];
+                z[p] = q | (q >> 12);
+              }
+              const uint32_t keep = prmt(prmt(z[0], z[1], 0x40u), prmt(z[2], z[3], 0x40u), 0x5410u);
+              const uint32_t nanc = prmt(prmt(z[0], z[1], 0x51u), prmt(z[2], z[3], 0x51u), 0x5410u);
+#pragma unroll
+              for (int i = 0; i < R; ++i) {
+                if (nok[i] > 0) {
+                  store_fp4x8(a.colwise + (y_off + i * n + l * H) / 2, (part[i] & keep) | nanc,
+                              a.vec_out, nok[i]);
                 }
               }
             } else {
@@ -784,6 +945,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
       }
     }
   }
+  }  // batches
 }
 
 // ---- host launcher ----------------------------------------------------------------------------
@@ -907,7 +1069,15 @@ cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchCo
   // One block per item; LaunchConfig::max_blocks (tests) caps the grid, x first.
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
   const uint64_t gx = std::clamp<uint64_t>(col_tiles, 1, std::min<uint64_t>(cap, 0x7fffffff));
-  const uint64_t gy = std::clamp<uint64_t>(groups, 1, std::min<uint64_t>(cap / gx, 65535));
+  // 16-bit NVFP4: each block first builds its threshold table (about 100 instructions per
+  // thread, a few percent of one row tile's work), so on large inputs a block takes up to 8 row
+  // tiles; never fewer than 4096 blocks, so that the last wave's idle SMs do not show.
+  uint64_t gy_max = 65535;
+  if constexpr (Smem<Spec, T, M, kBwd>::kFp4Cmp) {
+    const uint64_t blocks = std::max<uint64_t>((items + 7) / 8, 4096);
+    gy_max = std::clamp<uint64_t>((blocks + gx - 1) / gx, 1, gy_max);
+  }
+  const uint64_t gy = std::clamp<uint64_t>(groups, 1, std::min<uint64_t>(cap / gx, gy_max));
   const uint64_t gz = std::clamp<uint64_t>(batches, 1, std::min<uint64_t>(cap / (gx * gy), 65535));
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz));
   kernel<<<grid, kThreads, 0, stream>>>(a);

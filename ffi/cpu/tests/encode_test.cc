@@ -17,7 +17,9 @@
 //            every 1031st non-negative amax pattern, every 31st one below 6 * 2^-126, and those
 //            that land on and next to E4M3 codes and midpoints;
 //   div      formats.h's div_by_e4m3, the CUDA NVFP4 kernels' division by the block scale,
-//            against a / b (check_div_by_e4m3).
+//            against a / b (check_div_by_e4m3);
+//   compare  formats.h's NVFP4 thresholds (the CUDA kernels' 16-bit inputs: codes by integer
+//            comparisons) against the division (check_nvfp4_compare).
 // The sampled checks are there for the one-multiply shortcuts (plain_tensor_scale,
 // mxfp8_plain_exponent), whose arguments are about magnitudes, not about individual bit patterns;
 // the encoders themselves are checked on every input.
@@ -367,6 +369,85 @@ void check_div_by_e4m3(int threads, Report& rep) {
     }
   });
   if (!std::isnan(fmt::div_by_e4m3(NAN, 1.5f, 1.0f / 1.5f))) rep.add("e2m1", "div NaN", 0, 1, 0);
+  // The NVFP4 block scales' amax / 6 on the device: every 1031st pattern in [2^-100, 2^128).
+  const uint64_t count6 = (0x7f800000u - 0x0d800000u) / 1031 + 1;
+  run_split(count6, threads, false, [&](uint64_t begin, uint64_t end) {
+    for (uint64_t k = begin; k < end; ++k) {
+      check(float_of(0x0d800000u + static_cast<uint32_t>(k * 1031)), 6.0f);
+    }
+  });
+}
+
+// formats.h's NVFP4 by comparisons (the CUDA kernels' 16-bit path), in IEEE mode:
+//   thresholds  #{j : p >= nvfp4_threshold(bs, j)} against e2m1(p / bs) for every positive finite
+//               block scale bs: every p within 2^12 floats of each threshold, every 4099th
+//               non-negative pattern, and inf;
+//   inputs      #{j : |y| >= nvfp4_input_threshold(P_j, s, 1 / s)} against e2m1(RN(y * s) / bs)
+//               for every bfloat16 and every float16 magnitude y (inf included), every positive
+//               finite block scale and the tensor scales s below (the extremes included: the
+//               float32 max, a subnormal 1 / s, scales that put the thresholds in the 16-bit
+//               subnormals or past the float16 max).
+template <bool kBf16>
+void check_nvfp4_inputs(const std::vector<float>& scales, int threads, Report& rep) {
+  constexpr uint32_t kInf = kBf16 ? 0x7f80u : 0x7c00u;
+  const uint64_t cases = scales.size() * 126;
+  run_split(cases, threads, false, [&](uint64_t begin, uint64_t end) {
+    for (uint64_t k = begin; k < end; ++k) {
+      const float s = scales[k / 126];
+      const float bs = fmt::from_e4m3(static_cast<uint8_t>(k % 126 + 1));
+      uint32_t y_thr[7];
+      for (int j = 0; j < 7; ++j) {
+        y_thr[j] = fmt::nvfp4_input_threshold<kBf16>(fmt::nvfp4_threshold(bs, j), s, 1.0f / s);
+      }
+      for (uint32_t h = 0; h <= kInf; ++h) {
+        const float want_q = fmt::mul_exact(fmt::half_value<kBf16>(h), s) / bs;
+        const uint32_t want = fmt::e2m1_magnitude(want_q);
+        uint32_t got = 0;
+        for (int j = 0; j < 7; ++j) got += h >= y_thr[j] ? 1u : 0u;
+        if (got != want) {
+          char ctx[96];
+          std::snprintf(ctx, sizeof ctx, "%s input 0x%04x s=%a bs=%g", kBf16 ? "bf16" : "f16", h,
+                        static_cast<double>(s), static_cast<double>(bs));
+          rep.add("e2m1", ctx, bits_of(fmt::half_value<kBf16>(h)), static_cast<int>(want),
+                  static_cast<int>(got));
+        }
+      }
+    }
+  });
+}
+
+void check_nvfp4_compare(int threads, Report& rep) {
+  auto check = [&rep](float p, float bs, const float (&thr)[7]) {
+    uint32_t got = 0;
+    for (int j = 0; j < 7; ++j) got += p >= thr[j] ? 1u : 0u;
+    const uint32_t want = fmt::e2m1_magnitude(p / bs);
+    if (got != want) {
+      char ctx[64];
+      std::snprintf(ctx, sizeof ctx, "threshold bs=%g", static_cast<double>(bs));
+      rep.add("e2m1", ctx, bits_of(p), static_cast<int>(want), static_cast<int>(got));
+    }
+  };
+  run_split(126, threads, false, [&](uint64_t begin, uint64_t end) {
+    for (uint64_t c = begin; c < end; ++c) {
+      const float bs = fmt::from_e4m3(static_cast<uint8_t>(c + 1));
+      float thr[7];
+      for (int j = 0; j < 7; ++j) thr[j] = fmt::nvfp4_threshold(bs, j);
+      for (int j = 0; j < 7; ++j) {
+        for (int d = -4096; d <= 4096; ++d) check(float_of(bits_of(thr[j]) + d), bs, thr);
+      }
+      for (uint64_t u = 0; u < 0x7f800000u; u += 4099) {
+        check(float_of(static_cast<uint32_t>(u)), bs, thr);
+      }
+      check(INFINITY, bs, thr);
+    }
+  });
+  std::vector<float> scales = {1.0f, 2688.0f / 5.3f, 0x1p100f, 0x1.fffffep127f, 0x1.8p126f,
+                               0x1p-116f, 1.2345678f, 3.1415927e-3f, 7.777e6f};
+  for (float amax : {65504.0f, 0x1.fep127f, 448.0f, 0.37f, 1e-5f, 0x1p-24f, 0x1p-133f, 6.1e-5f}) {
+    scales.push_back(fmt::scale_from_amax(amax, fmt::kNvfp4GlobalQ));
+  }
+  check_nvfp4_inputs<true>(scales, threads, rep);
+  check_nvfp4_inputs<false>(scales, threads, rep);
 }
 
 
@@ -421,8 +502,13 @@ int main(int argc, char** argv) {
   const uint64_t before_d = rep.mismatches;
   check_div_by_e4m3(threads, rep);
   std::printf("div_by_e4m3 IEEE every significand x 8 block-scale significands; every 4099th "
-              "pattern x 126 block scales: %llu mismatches (%.1f s)\n",
+              "pattern x 126 block scales; / 6 every 1031st pattern: %llu mismatches (%.1f s)\n",
               static_cast<unsigned long long>(rep.mismatches - before_d), lap());
+  const uint64_t before_c = rep.mismatches;
+  check_nvfp4_compare(threads, rep);
+  std::printf("nvfp4 by comparisons IEEE thresholds x 126 block scales; every bf16 / f16 "
+              "magnitude x 126 block scales x 17 tensor scales: %llu mismatches (%.1f s)\n",
+              static_cast<unsigned long long>(rep.mismatches - before_c), lap());
   std::printf("%s\n", rep.mismatches == 0 ? "PASS" : "FAIL");
   return rep.mismatches == 0 ? 0 : 1;
 }

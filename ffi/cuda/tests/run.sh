@@ -8,6 +8,7 @@
 #   bash ffi/cuda/tests/run.sh              # build, full tests, sanitizers
 #   SANITIZE=0 bash ffi/cuda/tests/run.sh   # build and full tests only
 #   SKIP_BUILD=1 bash ffi/cuda/tests/run.sh # use the binaries already in $BUILD
+#   BUILD_ONLY=1 bash ffi/cuda/tests/run.sh # build, run nothing (A/B builds of two trees)
 #   BENCH=1 ...                             # also quant_test --bench (1 GiB operands)
 #   TOOLS="memcheck" ...                    # the sanitizer tools to run
 #   NVCC_EXTRA="-DNAME=1" ...               # extra nvcc flags (experiments)
@@ -49,6 +50,8 @@ if [ "${SKIP_BUILD:-0}" = 0 ]; then
   done
   echo "built in $(( $(date +%s) - t0 )) s"
 fi
+
+[ "${BUILD_ONLY:-0}" = 0 ] || exit 0
 
 status=0
 for t in "${TESTS[@]}"; do
