@@ -317,10 +317,10 @@ struct MxScale {
 // magnitude is fmt::div_by_e4m3 (three operations; __fdiv_rn per value cost a reciprocal, its
 // refinement and a range-check branch), the sign of y * s goes back on its code (-0 / bs is -0:
 // code 0x8; a NaN's code is 0x8 either way).
-// RN(amax / 6) is fmt::div_by_e4m3 (6 is an E4M3 value) wherever it is exact, amax = 0 or in
-// [2^-100, inf); a smaller amax (its quotient may be subnormal), inf and NaN take the IEEE
-// division, which costs a range check and a slow-path call besides.
 __device__ __forceinline__ uint8_t nvfp4_scale(unsigned key, float s) {
+  // RN(amax / 6) is fmt::div_by_e4m3 (6 is an E4M3 value) wherever that is exact, amax = 0 or
+  // in [2^-100, inf); a smaller amax (its quotient may be subnormal), inf and NaN take the IEEE
+  // division, which costs a range check and a slow-path call besides.
   const float amax = __uint_as_float(key);
   const bool fast = key - 0x0d800000u < 0x7f800000u - 0x0d800000u || key == 0u;
   const float q = fast ? fmt::div_by_e4m3(amax, 6.0f, 0x1.555556p-3f) : __fdiv_rn(amax, 6.0f);
@@ -891,8 +891,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 const uint32_t q = thw[l][blk][7][fp4_pair_slot<kTx>(tx, p)];
                 z[p] = q | (q >> 12);
               }
-              const uint32_t keep = prmt(prmt(z[0], z[1], 0x40u), prmt(z[2], z[3], 0x40u), 0x5410u);
-              const uint32_t nanc = prmt(prmt(z[0], z[1], 0x51u), prmt(z[2], z[3], 0x51u), 0x5410u);
+              const uint32_t keep =
+                  prmt(prmt(z[0], z[1], 0x40u), prmt(z[2], z[3], 0x40u), 0x5410u);
+              const uint32_t nanc =
+                  prmt(prmt(z[0], z[1], 0x51u), prmt(z[2], z[3], 0x51u), 0x5410u);
 #pragma unroll
               for (int i = 0; i < R; ++i) {
                 if (nok[i] > 0) {
