@@ -1075,9 +1075,10 @@ cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchCo
   // One block per item; LaunchConfig::max_blocks (tests) caps the grid, x first.
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
   const uint64_t gx = std::clamp<uint64_t>(col_tiles, 1, std::min<uint64_t>(cap, 0x7fffffff));
-  // 16-bit NVFP4: each block first builds its threshold table (about 100 instructions per
-  // thread, a few percent of one row tile's work), so on large inputs a block takes up to 8 row
-  // tiles; never fewer than 4096 blocks, so that the last wave's idle SMs do not show.
+  // 16-bit NVFP4: each block first builds its threshold table (3.5 entries of ~30 instructions
+  // per thread, counted from the code: a few percent of one row tile's work), so on large inputs
+  // a block takes up to 8 row tiles; never fewer than 4096 blocks, so that the last wave's idle
+  // SMs do not show.
   uint64_t gy_max = 65535;
   if constexpr (Smem<Spec, T, M, kBwd>::kFp4Cmp) {
     const uint64_t blocks = std::max<uint64_t>((items + 7) / 8, 4096);
