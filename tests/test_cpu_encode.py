@@ -4,9 +4,11 @@ and the CPU kernels' exact fallbacks against the pure-JAX reference.
 test_encoders_match_formats_h builds ffi/cpu/tests/encode_test.cc with the CPU extension's
 optimisation flags and runs it: every float32 bit pattern through the E4M3 / E5M2 / E2M1
 encoders, and the one-multiply scaled encodes (tensor, MXFP8, NVFP4) on sampled inputs, with the
-FPU in IEEE mode and with FTZ + DAZ (as XLA's CPU threads run); and formats.h's div_by_e4m3 (the
-CUDA NVFP4 kernels' division by the block scale) against a / b over every float32 significand.
-About 30 s on 2 cores plus the compile; skipped where no C++ compiler is found.
+FPU in IEEE mode and with FTZ + DAZ (as XLA's CPU threads run); formats.h's div_by_e4m3 (the
+CUDA NVFP4 kernels' division by the block scale) against a / b over every float32 significand;
+and the CUDA kernels' NVFP4 codes by comparison (16-bit inputs) against the division, for every
+bfloat16 and float16 magnitude. About 40 s on 2 cores plus the compile; skipped where no C++
+compiler is found.
 Set TE_JAX_ENCODE_TEST_QUICK=1 to check every 251st bit pattern instead of all 2^32.
 """
 

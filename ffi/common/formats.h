@@ -190,6 +190,26 @@ TE_HD float from_e2m1(uint8_t c) {  // the low nibble; the high one is ignored
   return b::to_float(b::select(em < 0x2u, sub, normal));
 }
 
+// bfloat16 / float16 bits -> float32, exact (NaN kept NaN). A float16 subnormal is m * 2^-24,
+// computed without subnormal floats, so it also holds under denormals-are-zero (which XLA's CPU
+// threads set).
+TE_HD float from_bf16(uint16_t v) {
+  return math::host::bits::to_float(static_cast<uint32_t>(v) << 16);
+}
+
+TE_HD float from_f16(uint16_t v) {
+  namespace b = math::host::bits;
+  const uint32_t h = v;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  const uint32_t m = h & 0x3ffu;
+  const uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
+  const uint32_t inf_nan = sign | 0x7f800000u | (m << 13);
+  const float m_scaled = static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f;
+  const uint32_t subnormal = sign | b::of(m_scaled);
+  return b::to_float(b::select(e == 0, subnormal, b::select(e == 31u, inf_nan, normal)));
+}
+
 // ---- traits for templated kernels -----------------------------------------------------------
 
 struct E4M3 {
@@ -363,21 +383,9 @@ TE_HD float nvfp4_threshold(float bs, int j) {
   return (j & 1) ? t : b::to_float(b::of(t) + 1u);
 }
 
-// 16-bit floats (kBf16: bfloat16, else float16) as bit patterns, for the thresholds below.
+// The largest 16-bit value (kBf16: bfloat16, else float16) <= z, as bits, for z >= 0 (NaN: inf).
 template <bool kBf16>
-TE_HD float half_value(uint32_t h) {  // exact, h < 0x8000 (sign clear)
-  namespace b = math::host::bits;
-  if constexpr (kBf16) {
-    return b::to_float(h << 16);
-  } else {
-    const uint32_t e = h >> 10, m = h & 0x3ffu;
-    const float sub = static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f;  // exact
-    const uint32_t normal = e == 31u ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13);
-    return e == 0u ? sub : b::to_float(normal);
-  }
-}
-template <bool kBf16>
-TE_HD uint32_t half_bits_rd(float z) {  // the largest 16-bit value <= z, for z >= 0 (NaN: inf)
+TE_HD uint32_t half_bits_rd(float z) {
   namespace b = math::host::bits;
   const uint32_t u = b::of(z);
   if constexpr (kBf16) {
@@ -401,11 +409,14 @@ TE_HD uint32_t half_bits_rd(float z) {  // the largest 16-bit value <= z, for z 
 template <bool kBf16>
 TE_HD uint32_t nvfp4_input_threshold(float P, float s, float inv_s) {
   constexpr uint32_t kInf = kBf16 ? 0x7f80u : 0x7c00u;
+  const auto value = [](uint32_t h) {
+    return kBf16 ? from_bf16(static_cast<uint16_t>(h)) : from_f16(static_cast<uint16_t>(h));
+  };
 #if defined(__CUDA_ARCH__)
-  const auto pass = [&](uint32_t h) { return __fmul_rn(half_value<kBf16>(h), s) >= P; };
+  const auto pass = [&](uint32_t h) { return __fmul_rn(value(h), s) >= P; };
   const uint32_t c = half_bits_rd<kBf16>(__fmul_rn(P, inv_s));
 #else
-  const auto pass = [&](uint32_t h) { return mul_exact(half_value<kBf16>(h), s) >= P; };
+  const auto pass = [&](uint32_t h) { return mul_exact(value(h), s) >= P; };
   const uint32_t c = half_bits_rd<kBf16>(mul_exact(P, inv_s));
 #endif
   const uint32_t c1 = c + 1u < kInf ? c + 1u : kInf;

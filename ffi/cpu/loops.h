@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/activations.h"
+#include "common/formats.h"
 #include "common/host_math.h"
 #include "common/macros.h"
 #include "cpu/parallel.h"
@@ -51,7 +52,7 @@ struct F32 {
 
 struct BF16 {
   using T = uint16_t;
-  TE_HD static float load(uint16_t v) { return hb::to_float(static_cast<uint32_t>(v) << 16); }
+  TE_HD static float load(uint16_t v) { return fmt::from_bf16(v); }
   TE_HD static uint16_t store(float f) {
     const uint32_t u = hb::of(f);
     const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // RNE; overflow -> inf
@@ -64,19 +65,7 @@ struct BF16 {
 
 struct F16 {
   using T = uint16_t;
-  TE_HD static float load(uint16_t v) {
-    const uint32_t h = v;
-    const uint32_t sign = (h & 0x8000u) << 16;
-    const uint32_t e = (h >> 10) & 0x1fu;
-    const uint32_t m = h & 0x3ffu;
-    const uint32_t normal = sign | ((e + 112u) << 23) | (m << 13);
-    const uint32_t inf_nan = sign | 0x7f800000u | (m << 13);
-    // Subnormal (and zero): m * 2^-24, exact, computed without subnormal floats (so it also holds
-    // under denormals-are-zero, which XLA's CPU threads set).
-    const float m_scaled = static_cast<float>(static_cast<int32_t>(m)) * 0x1p-24f;
-    const uint32_t subnormal = sign | hb::of(m_scaled);
-    return hb::to_float(hb::select(e == 0, subnormal, hb::select(e == 31u, inf_nan, normal)));
-  }
+  TE_HD static float load(uint16_t v) { return fmt::from_f16(v); }
   TE_HD static uint16_t store(float f) {
     const uint32_t u = hb::of(f);
     const uint32_t sign = (u >> 16) & 0x8000u;

@@ -394,14 +394,12 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, const uint32_t (&y)[7])
   return z * 0x01010101u;
 }
 
-// Byte 3 of r0 and r1 -> bytes 0 and 1.
-__device__ __forceinline__ uint32_t fp4_join2(uint32_t r0, uint32_t r1) {
-  return prmt(r0, r1, 0x0073u);
+// Pair p's codes (byte 3 of q, from fp4_pair) placed at byte p of part, keeping bytes 0..p-1:
+// four calls, p = 0..3, assemble the 8 codes of a lane's row (part is ignored at p = 0).
+__device__ __forceinline__ uint32_t fp4_place(uint32_t part, uint32_t q, int p) {
+  constexpr uint32_t kSelector[4] = {0x0007u, 0x0070u, 0x0710u, 0x7210u};
+  return prmt(part, q, kSelector[p]);
 }
-
-// prmt(part, q, kFp4Place[p]) puts byte 3 of q (pair p's codes) at byte p of part, keeping
-// bytes 0..p-1.
-__device__ constexpr uint32_t kFp4Place[4] = {0x0003u, 0x0070u, 0x0710u, 0x7210u};
 
 // The colwise thresholds' shared-memory word of (lane tx, column pair p): the lanes' words of
 // one pair are adjacent, so a warp's 4-byte loads hit 32 different banks.
@@ -749,10 +747,9 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 const uint4* t = reinterpret_cast<const uint4*>(smem_t[code & 0x7fu]);
                 const uint4 t0 = t[0], t1 = t[1];
                 const uint32_t y[7] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z};
-                const uint32_t* w = v[i][l].w;
-                const uint32_t codes = prmt(fp4_join2(fp4_pair(w[0], y), fp4_pair(w[1], y)),
-                                            fp4_join2(fp4_pair(w[2], y), fp4_pair(w[3], y)),
-                                            0x5410u);
+                uint32_t codes = 0;
+#pragma unroll
+                for (int p = 0; p < 4; ++p) codes = fp4_place(codes, fp4_pair(v[i][l].w[p], y), p);
                 if (nok[i] > 0) {
                   store_fp4x8(a.data + (y_off + i * n + l * H) / 2, fp4_special(codes, code),
                               a.vec_out, nok[i]);
@@ -879,8 +876,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 for (int j = 0; j < 7; ++j) y[j] = thw[l][blk][j][fp4_pair_slot<kTx>(tx, p)];
 #pragma unroll
                 for (int i = 0; i < R; ++i) {
-                  const uint32_t q = fp4_pair(v[i][l].w[p], y);
-                  part[i] = p == 0 ? q >> 24 : prmt(part[i], q, kFp4Place[p]);
+                  part[i] = fp4_place(p == 0 ? 0u : part[i], fp4_pair(v[i][l].w[p], y), p);
                 }
               }
               // Row 7: per column pair, [keep0 | nan0 << 8, keep1 | nan1 << 8]; q | q >> 12 puts
