@@ -440,6 +440,26 @@ __device__ __forceinline__ void store_fp4x8(uint8_t* p, uint32_t w, bool vec, in
   }
 }
 
+// The standalone quantize of a 16-bit input (the identity forward): y is x itself, so the kernel
+// takes the loaded words as they are instead of converting them to float32 and back (12
+// instructions per 8 values). The round trip quiets signalling NaNs (the CPU's store sets the
+// quiet bit and keeps the payload): no code depends on a NaN's payload, but the amax does, so it
+// takes the words through quiet_nan16.
+template <typename Spec, typename T, bool kBwd>
+inline constexpr bool kRawIdentity = !kBwd && !Spec::kGated && !std::is_same_v<T, float> &&
+                                     std::is_same_v<typename Spec::Act, act::Identity>;
+
+// The packed 16-bit pair w with the quiet bit set in each NaN half (bfloat16 bit 6, float16 bit 9):
+// a half is NaN when its magnitude exceeds the infinity's, which the add carries into bit 15.
+template <typename T>
+__device__ __forceinline__ uint32_t quiet_nan16(uint32_t w) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr uint32_t kBelowNan = kBf16 ? 0x007f007fu : 0x03ff03ffu;  // 0x7fff - inf
+  constexpr int kShift = kBf16 ? 9 : 6;                             // bit 15 -> the quiet bit
+  const uint32_t nan = ((w & 0x7fff7fffu) + kBelowNan) & 0x80008000u;
+  return w | (nan >> kShift);
+}
+
 // An 8-byte shared-memory load that the compiler keeps where it is written (volatile asm): left
 // free, it hoisted all of a lane's per-column factors at once and spilled.
 __device__ __forceinline__ float2 lds_f2(const float2* p) {
@@ -513,18 +533,23 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
     build_fp4_table<T>(*reinterpret_cast<Fp4Table*>(smem_t), tensor_scale(a, b));
     __syncthreads();
   }
-  for (uint32_t g = blockIdx.y; g < a.groups; g += gridDim.y)
+  // The batch's tensor scale (a load and, for a scale derived from the amax, a division: once per
+  // batch, not per tile).
+  [[maybe_unused]] float s_b = 0.0f;
+  if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) s_b = tensor_scale(a, b);
+  // Column tiles outer, groups inner: a block usually keeps its column tile (the grid's x is the
+  // column tile count) and walks several groups, so the column set-up runs once.
   for (uint32_t ct = blockIdx.x; ct < a.col_tiles; ct += gridDim.x) {
+  const uint64_t tile_c0 = uint64_t{ct} * kCols;
+  const uint64_t c0 = tile_c0 + static_cast<uint64_t>(tx) * 8;  // this lane's first column
+  const int ncol = c0 < H ? static_cast<int>(std::min<uint64_t>(8, H - c0)) : 0;
+  for (uint32_t g = blockIdx.y; g < a.groups; g += gridDim.y) {
     uint32_t t_begin = g, t_end = g + 1;  // without dbias a group is one row tile
     if (a.ws != nullptr) {
       t_begin = static_cast<uint32_t>(uint64_t{g} * a.row_tiles / a.groups);
       t_end = static_cast<uint32_t>(uint64_t{g + 1} * a.row_tiles / a.groups);
     }
-    const uint64_t tile_c0 = uint64_t{ct} * kCols;
-    const uint64_t c0 = tile_c0 + static_cast<uint64_t>(tx) * 8;  // this lane's first column
-    const int ncol = c0 < H ? static_cast<int>(std::min<uint64_t>(8, H - c0)) : 0;
-    float s = 0.0f;
-    if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) s = tensor_scale(a, b);
+    [[maybe_unused]] const float s = s_b;
     uint32_t amax_p = 0;  // packed max of |y| (V8::to_key)
     float acc[O][8];
 #pragma unroll
@@ -534,388 +559,438 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
 
     for (uint32_t rt = t_begin; rt < t_end; ++rt) {
       const uint64_t r0 = b * mb + uint64_t{rt} * kTileRows;  // the tile's first row
-      const int nr = static_cast<int>(std::min<uint64_t>(kTileRows, mb - uint64_t{rt} * kTileRows));
-      int nok[R];
-      // This thread's first row, and the element offsets of (row, c0) in x / dz and in y; the
-      // R rows follow at constant strides (one 64-bit multiply per array and tile).
-      const uint64_t row0 = r0 + static_cast<uint64_t>(ty) * R;
-      const uint64_t y_off = row0 * n + c0;
-      // ---- loads: all of the tile's, then compute ----
-      Raw8<T> in[R][G::kLoads];
-      {
-        const T* xr = x + row0 * (L * H) + c0;
-        [[maybe_unused]] const T* zr = dz + row0 * H + c0;
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-          nok[i] = ty * R + i < nr ? ncol : 0;
-          if constexpr (kBwd) load8(zr + i * H, a.vec_in, nok[i], in[i][0]);
-          load8(xr + i * (L * H), a.vec_in, nok[i], in[i][kBwd ? 1 : 0]);
-          if constexpr (L == 2) load8(xr + i * (L * H) + H, a.vec_in, nok[i], in[i][kBwd ? 2 : 1]);
-        }
-      }
-      V8<T> v[R][O];  // y rounded to T (0 where invalid)
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        float fa[8], fb[8], fg[8], raw[O][8];
-        if constexpr (kBwd) to_float8(in[i][0], fg);
-        to_float8(in[i][kBwd ? 1 : 0], fa);
-        if constexpr (L == 2) to_float8(in[i][kBwd ? 2 : 1], fb);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float bk = L == 2 ? fb[k] : 0.0f;
-          if constexpr (!kBwd) {
-            raw[0][k] = act_forward<Spec>(fa[k], bk, a.params);
-          } else {
-            float da, db;
-            act_backward<Spec>(fg[k], fa[k], bk, a.params, da, db);
-            raw[0][k] = da;
-            if constexpr (O == 2) raw[O - 1][k] = db;
-          }
-        }
-#pragma unroll
-        for (int l = 0; l < O; ++l) {
-          v[i][l].set(raw[l], nok[i]);
-          amax_p = V8<T>::pmax(amax_p, pmax8(v[i][l]));
-          // dbias: masked elements come from zero inputs (dz = 0), whose gradients are +-0 for
-          // every activation, and adding +-0 leaves the sum (never -0: it starts at +0) as it is.
-          if constexpr (kBwd) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) acc[l][k] += raw[l][k];
-          }
-        }
-      }
-
-      // ---- emit ----
-      if constexpr (M == Mode::kTensor) {
-        constexpr int kStride = S::kTStride;
-        auto& tcodes = *reinterpret_cast<uint8_t(*)[O][kTileRows][kStride]>(smem_a);
-#pragma unroll
-        for (int l = 0; l < O; ++l) {
+      const int tile_rows =
+          static_cast<int>(std::min<uint64_t>(kTileRows, mb - uint64_t{rt} * kTileRows));
+      // Whole tiles (every row and column inside, 16-byte loads and vector stores), nearly all of
+      // a large input, run a copy of the tile in which the edge checks are constants, for the
+      // block-scaled forward: there the per-row branches around loads and stores cost ~4% of the
+      // instructions. The backward and the tensor-scaled tiles keep one copy: the second one
+      // added spills there (dact + dbias NVFP4 0.04 ms slower, the transposed GELU 0.05 ms).
+      constexpr bool kWholeCopy = !kBwd && (M == Mode::kMx || M == Mode::kNvfp4);
+      const bool whole = tile_rows == kTileRows && tile_c0 + kCols <= H && a.vec_in && a.vec_out;
+      auto tile = [&](auto whole_tag) {
+        constexpr bool kWhole = decltype(whole_tag)::value;
+        const int nr = kWhole ? kTileRows : tile_rows;
+        [[maybe_unused]] const bool vec_in = kWhole || a.vec_in, vec_out = kWhole || a.vec_out;
+        int nok[R];
+        // This thread's first row, and the element offsets of (row, c0) in x / dz and in y; the
+        // R rows follow at constant strides (one 64-bit multiply per array and tile).
+        const uint64_t row0 = r0 + static_cast<uint64_t>(ty) * R;
+        [[maybe_unused]] const uint64_t y_off = row0 * n + c0;
+        // ---- loads: all of the tile's, then compute ----
+        Raw8<T> in[R][G::kLoads];
+        {
+          const T* xr = x + row0 * (L * H) + c0;
+          [[maybe_unused]] const T* zr = dz + row0 * H + c0;
 #pragma unroll
           for (int i = 0; i < R; ++i) {
-            const int ri = ty * R + i;
-            const uint2 c = tensor_codes(a.e5m2, v[i][l], s);
-            if (rowwise && nok[i] > 0) {
-              store_codes8(a.data + y_off + i * n + l * H, c, a.vec_out, nok[i]);
+            nok[i] = kWhole ? 8 : (ty * R + i < nr ? ncol : 0);
+            if constexpr (kBwd) load8(zr + i * H, vec_in, nok[i], in[i][0]);
+            load8(xr + i * (L * H), vec_in, nok[i], in[i][kBwd ? 1 : 0]);
+            if constexpr (L == 2) load8(xr + i * (L * H) + H, vec_in, nok[i], in[i][kBwd ? 2 : 1]);
+          }
+        }
+        V8<T> v[R][O];  // y rounded to T (0 where invalid)
+        if constexpr (kRawIdentity<Spec, T, kBwd>) {
+          // y = x: the loaded words are the values (invalid elements were loaded as 0).
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[i][0].w[j] = in[i][0].w[j];
+          }
+          if (a.amax != nullptr) {
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) {
+                amax_p = V8<T>::pmax(amax_p, quiet_nan16<T>(v[i][0].w[j]) & 0x7fff7fffu);
+              }
             }
-            if (colwise) {
-              // Two 4-byte stores: the padded stride keeps only 4-byte alignment.
-              uint32_t* t = reinterpret_cast<uint32_t*>(&tcodes[l][ri][tx * 8]);
-              t[0] = c.x;
-              t[1] = c.y;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+            [[maybe_unused]] float fa[8], fb[8], fg[8], raw[O][8];
+            if constexpr (kBwd) to_float8(in[i][0], fg);
+            to_float8(in[i][kBwd ? 1 : 0], fa);
+            if constexpr (L == 2) to_float8(in[i][kBwd ? 2 : 1], fb);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              const float bk = L == 2 ? fb[k] : 0.0f;
+              if constexpr (!kBwd) {
+                raw[0][k] = act_forward<Spec>(fa[k], bk, a.params);
+              } else {
+                float da, db;
+                act_backward<Spec>(fg[k], fa[k], bk, a.params, da, db);
+                raw[0][k] = da;
+                if constexpr (O == 2) raw[O - 1][k] = db;
+              }
+            }
+#pragma unroll
+            for (int l = 0; l < O; ++l) {
+              v[i][l].set(raw[l], nok[i]);
+              amax_p = V8<T>::pmax(amax_p, pmax8(v[i][l]));
+              // dbias: masked elements come from zero inputs (dz = 0), whose gradients are +-0
+              // for every activation, and adding +-0 leaves the sum (never -0: it starts at +0)
+              // as it is.
+              if constexpr (kBwd) {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) acc[l][k] += raw[l][k];
+              }
             }
           }
         }
-        if (colwise) {
-          __syncthreads();
-          if constexpr (R == 4) {
-            // Thread = (column group g of 4 columns, row quarter q of 8 rows): 8 shared loads of
-            // 4 codes (one row of the group each), two 4x4 byte transposes, then per column one
-            // 8-byte store of its 8 rows. The 4 lanes of a group fill each column's 32-byte
-            // sector in one store instruction (8 whole sectors per instruction; one column per
-            // thread wrote 16-byte halves, 32 per instruction, at 0.67 of copy bandwidth on the
-            // H100). The stride of kCols + 4 bytes (an odd number of words) puts the quarters'
-            // rows 8 apart on different banks.
-            const int q = tid & 3, grp = tid >> 2;
-            const int rb = 8 * q;
-            const uint64_t col0 = tile_c0 + 4 * grp;
-            if (col0 < H && rb < nr) {
+
+        // ---- emit ----
+        if constexpr (M == Mode::kTensor) {
+          constexpr int kStride = S::kTStride;
+          auto& tcodes = *reinterpret_cast<uint8_t(*)[O][kTileRows][kStride]>(smem_a);
 #pragma unroll
-              for (int l = 0; l < O; ++l) {
-                uint32_t w[8];
+          for (int l = 0; l < O; ++l) {
 #pragma unroll
-                for (int r = 0; r < 8; ++r) {
-                  w[r] = *reinterpret_cast<const uint32_t*>(&tcodes[l][rb + r][4 * grp]);
-                }
-                uint32_t cw[4][2];  // column k: rows 0-3, rows 4-7 (first row in the low byte)
+            for (int i = 0; i < R; ++i) {
+              const int ri = ty * R + i;
+              const uint2 c = tensor_codes(a.e5m2, v[i][l], s);
+              if (rowwise && nok[i] > 0) {
+                store_codes8(a.data + y_off + i * n + l * H, c, vec_out, nok[i]);
+              }
+              if (colwise) {
+                // Two 4-byte stores: the padded stride keeps only 4-byte alignment.
+                uint32_t* t = reinterpret_cast<uint32_t*>(&tcodes[l][ri][tx * 8]);
+                t[0] = c.x;
+                t[1] = c.y;
+              }
+            }
+          }
+          if (colwise) {
+            __syncthreads();
+            if constexpr (R == 4) {
+              // Thread = (column group g of 4 columns, row quarter q of 8 rows): 8 shared loads of
+              // 4 codes (one row of the group each), two 4x4 byte transposes, then per column one
+              // 8-byte store of its 8 rows. The 4 lanes of a group fill each column's 32-byte
+              // sector in one store instruction (8 whole sectors per instruction; one column per
+              // thread wrote 16-byte halves, 32 per instruction, at 0.67 of copy bandwidth on the
+              // H100). The stride of kCols + 4 bytes (an odd number of words) puts the quarters'
+              // rows 8 apart on different banks.
+              const int q = tid & 3, grp = tid >> 2;
+              const int rb = 8 * q;
+              const uint64_t col0 = tile_c0 + 4 * grp;
+              if (col0 < H && rb < nr) {
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  const uint32_t* x = w + 4 * h;
-                  const uint32_t t0 = __byte_perm(x[0], x[1], 0x5140);
-                  const uint32_t t1 = __byte_perm(x[2], x[3], 0x5140);
-                  const uint32_t t2 = __byte_perm(x[0], x[1], 0x7362);
-                  const uint32_t t3 = __byte_perm(x[2], x[3], 0x7362);
-                  cw[0][h] = __byte_perm(t0, t1, 0x5410);
-                  cw[1][h] = __byte_perm(t0, t1, 0x7632);
-                  cw[2][h] = __byte_perm(t2, t3, 0x5410);
-                  cw[3][h] = __byte_perm(t2, t3, 0x7632);
-                }
+                for (int l = 0; l < O; ++l) {
+                  uint32_t w[8];
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                  const uint64_t col = col0 + k;
-                  if (col < H) {
-                    uint8_t* dst =
-                        a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
-                    if (a.vec_t) {  // the 8 rows are whole (mb % 32 == 0)
-                      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(cw[k][0]),
-                                   "r"(cw[k][1])
-                                   : "memory");
-                    } else {
-                      const int m = min(8, nr - rb);
-                      for (int j = 0; j < m; ++j) {
-                        dst[j] = static_cast<uint8_t>(cw[k][j >> 2] >> (8 * (j & 3)));
+                  for (int r = 0; r < 8; ++r) {
+                    w[r] = *reinterpret_cast<const uint32_t*>(&tcodes[l][rb + r][4 * grp]);
+                  }
+                  uint32_t cw[4][2];  // column k: rows 0-3, rows 4-7 (first row in the low byte)
+#pragma unroll
+                  for (int h = 0; h < 2; ++h) {
+                    const uint32_t* x = w + 4 * h;
+                    const uint32_t t0 = __byte_perm(x[0], x[1], 0x5140);
+                    const uint32_t t1 = __byte_perm(x[2], x[3], 0x5140);
+                    const uint32_t t2 = __byte_perm(x[0], x[1], 0x7362);
+                    const uint32_t t3 = __byte_perm(x[2], x[3], 0x7362);
+                    cw[0][h] = __byte_perm(t0, t1, 0x5410);
+                    cw[1][h] = __byte_perm(t0, t1, 0x7632);
+                    cw[2][h] = __byte_perm(t2, t3, 0x5410);
+                    cw[3][h] = __byte_perm(t2, t3, 0x7632);
+                  }
+#pragma unroll
+                  for (int k = 0; k < 4; ++k) {
+                    const uint64_t col = col0 + k;
+                    if (col < H) {
+                      uint8_t* dst =
+                          a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
+                      if (a.vec_t) {  // the 8 rows are whole (mb % 32 == 0)
+                        asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(cw[k][0]),
+                                     "r"(cw[k][1])
+                                     : "memory");
+                      } else {
+                        const int m = min(8, nr - rb);
+                        for (int j = 0; j < m; ++j) {
+                          dst[j] = static_cast<uint8_t>(cw[k][j >> 2] >> (8 * (j & 3)));
+                        }
                       }
                     }
                   }
                 }
               }
-            }
-          } else {
-            constexpr int kChunks = kThreads / kCols;          // 4 / R
-            constexpr int kChunkRows = kTileRows / kChunks;    // 8 R
-            const int tc = tid % kCols, ch = tid / kCols;
-            const int rb = ch * kChunkRows;
-            const uint64_t col = tile_c0 + tc;
-            if (col < H && rb < nr) {
+            } else {
+              constexpr int kChunks = kThreads / kCols;          // 4 / R
+              constexpr int kChunkRows = kTileRows / kChunks;    // 8 R
+              const int tc = tid % kCols, ch = tid / kCols;
+              const int rb = ch * kChunkRows;
+              const uint64_t col = tile_c0 + tc;
+              if (col < H && rb < nr) {
 #pragma unroll
-              for (int l = 0; l < O; ++l) {
-                uint8_t* dst = a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
-                if (a.vec_t) {  // the chunk is whole (mb % kChunkRows == 0)
-                  uint32_t w[kChunkRows / 4];
+                for (int l = 0; l < O; ++l) {
+                  uint8_t* dst = a.colwise + b * n * mb + (l * H + col) * mb + rt * kTileRows + rb;
+                  if (a.vec_t) {  // the chunk is whole (mb % kChunkRows == 0)
+                    uint32_t w[kChunkRows / 4];
 #pragma unroll
-                  for (int j = 0; j < kChunkRows / 4; ++j) {
-                    w[j] = static_cast<uint32_t>(tcodes[l][rb + 4 * j][tc]) |
-                           (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 1][tc]) << 8) |
-                           (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 2][tc]) << 16) |
-                           (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 3][tc]) << 24);
-                  }
-                  if constexpr (kChunkRows == 8) {
-                    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(w[0]), "r"(w[1])
-                                 : "memory");
-                  } else {
-#pragma unroll
-                    for (int j = 0; j < kChunkRows / 16; ++j) {
-                      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 16 * j),
-                                   "r"(w[4 * j]), "r"(w[4 * j + 1]), "r"(w[4 * j + 2]),
-                                   "r"(w[4 * j + 3])
-                                   : "memory");
+                    for (int j = 0; j < kChunkRows / 4; ++j) {
+                      w[j] = static_cast<uint32_t>(tcodes[l][rb + 4 * j][tc]) |
+                             (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 1][tc]) << 8) |
+                             (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 2][tc]) << 16) |
+                             (static_cast<uint32_t>(tcodes[l][rb + 4 * j + 3][tc]) << 24);
                     }
+                    if constexpr (kChunkRows == 8) {
+                      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(dst), "r"(w[0]),
+                                   "r"(w[1])
+                                   : "memory");
+                    } else {
+#pragma unroll
+                      for (int j = 0; j < kChunkRows / 16; ++j) {
+                        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(dst + 16 * j),
+                                     "r"(w[4 * j]), "r"(w[4 * j + 1]), "r"(w[4 * j + 2]),
+                                     "r"(w[4 * j + 3])
+                                     : "memory");
+                      }
+                    }
+                  } else {
+                    const int m = min(kChunkRows, nr - rb);
+                    for (int j = 0; j < m; ++j) dst[j] = tcodes[l][rb + j][tc];
+                  }
+                }
+              }
+            }
+            __syncthreads();  // tcodes is rewritten by the next tile
+          }
+        } else if constexpr (M == Mode::kMx || M == Mode::kNvfp4) {
+          constexpr int kGroupLanes = M == Mode::kMx ? 4 : 2;  // lanes per rowwise block
+          if (rowwise) {
+            // The block maxima of all rows first (the shuffles' latencies overlap), then one row at
+            // a time.
+            unsigned keys[O][R];
+#pragma unroll
+            for (int l = 0; l < O; ++l) {
+#pragma unroll
+              for (int i = 0; i < R; ++i) {
+                keys[l][i] = V8<T>::to_key(pmax8(v[i][l]));
+              }
+            }
+#pragma unroll
+            for (int l = 0; l < O; ++l) {
+#pragma unroll
+              for (int i = 0; i < R; ++i) {
+                unsigned key = keys[l][i];
+                key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
+                if constexpr (kGroupLanes == 4) {
+                  key = max(key, __shfl_xor_sync(0xffffffffu, key, 2));
+                }
+                keys[l][i] = key;
+              }
+            }
+#pragma unroll
+            for (int l = 0; l < O; ++l) {
+#pragma unroll
+              for (int i = 0; i < R; ++i) {
+                const uint64_t row = row0 + i;
+                const unsigned key = keys[l][i];
+                const bool lead = (tx & (kGroupLanes - 1)) == 0;
+                if constexpr (M == Mode::kMx) {
+                  const MxScale sc(key, a.qmax);
+                  if (nok[i] > 0 && lead) {
+                    a.bscale[row * (n / 32) + (l * H + c0) / 32] =
+                        static_cast<uint8_t>(-sc.k + 127);
+                  }
+                  float q[8];
+#pragma unroll
+                  for (int k = 0; k < 8; ++k) q[k] = sc(v[i][l][k]);
+                  const uint2 c = fp8_codes(a.e5m2, q);
+                  if (nok[i] > 0) store_codes8(a.data + y_off + i * n + l * H, c, vec_out, nok[i]);
+                } else if constexpr (kFp4Cmp) {
+                  const uint8_t code = nvfp4_scale(key, s);
+                  if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
+                  const uint4* t = reinterpret_cast<const uint4*>(smem_t[code & 0x7fu]);
+                  const uint4 t0 = t[0], t1 = t[1];
+                  const uint32_t y[7] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z};
+                  uint32_t codes = 0;
+#pragma unroll
+                  for (int p = 0; p < 4; ++p) {
+                    codes = fp4_place(codes, fp4_pair(v[i][l].w[p], y), p);
+                  }
+                  if (nok[i] > 0) {
+                    store_fp4x8(a.data + y_off / 2 + i * (n / 2) + l * (H / 2),
+                                fp4_special(codes, code), vec_out, nok[i]);
                   }
                 } else {
-                  const int m = min(kChunkRows, nr - rb);
-                  for (int j = 0; j < m; ++j) dst[j] = tcodes[l][rb + j][tc];
+                  const uint8_t code = nvfp4_scale(key, s);
+                  if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
+                  float bs[8], rb[8];
+                  const float bsv = fmt::from_e4m3(code), rbv = __frcp_rn(bsv);
+#pragma unroll
+                  for (int k = 0; k < 8; ++k) bs[k] = bsv, rb[k] = rbv;
+                  if (nok[i] > 0) {
+                    store_fp4x8(a.data + y_off / 2 + i * (n / 2) + l * (H / 2),
+                                nvfp4_codes(v[i][l], s, bs, rb), vec_out, nok[i]);
+                  }
                 }
               }
             }
           }
-          __syncthreads();  // tcodes is rewritten by the next tile
-        }
-      } else if constexpr (M == Mode::kMx || M == Mode::kNvfp4) {
-        constexpr int kGroupLanes = M == Mode::kMx ? 4 : 2;  // lanes per rowwise block
-        if (rowwise) {
-          // The block maxima of all rows first (the shuffles' latencies overlap), then one row at
-          // a time.
-          unsigned keys[O][R];
+          if (colwise) {
+            auto& red = *reinterpret_cast<unsigned(*)[O][kRL][kCols]>(smem_a);
+            [[maybe_unused]] auto& mx_f = *reinterpret_cast<float(*)[O][kCols]>(smem_b);
+            // NVFP4: the decoded block scales, then their reciprocals RN(1 / bs).
+            [[maybe_unused]] auto& fp4_bs = *reinterpret_cast<float(*)[2][O][kNblk][kCols]>(smem_b);
+            // Per-lane column maxima over the lane's R rows (all in one column block: R | 16).
 #pragma unroll
-          for (int l = 0; l < O; ++l) {
+            for (int l = 0; l < O; ++l) {
+              unsigned ck[8];
+              if constexpr (std::is_same_v<T, float>) {
 #pragma unroll
-            for (int i = 0; i < R; ++i) {
-              keys[l][i] = V8<T>::to_key(pmax8(v[i][l]));
+                for (int k = 0; k < 8; ++k) {
+                  ck[k] = v[0][l].abs_word(k);
+#pragma unroll
+                  for (int i = 1; i < R; ++i) ck[k] = max(ck[k], v[i][l].abs_word(k));
+                }
+              } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  uint32_t m = v[0][l].abs_word(j);
+#pragma unroll
+                  for (int i = 1; i < R; ++i) m = V8<T>::pmax(m, v[i][l].abs_word(j));
+                  ck[2 * j] = V8<T>::key_lo(m);
+                  ck[2 * j + 1] = V8<T>::key_hi(m);
+                }
+              }
+              uint4* dst = reinterpret_cast<uint4*>(&red[l][ty][tx * 8]);
+              dst[0] = make_uint4(ck[0], ck[1], ck[2], ck[3]);
+              dst[1] = make_uint4(ck[4], ck[5], ck[6], ck[7]);
             }
-          }
+            __syncthreads();
+            // Column block maxima (and the colwise block scales) by O * kNblk * kCols threads, in
+            // an unrolled loop whose index arithmetic folds (a runtime loop spent ~50 instructions
+            // per block on it). cb: the tile's first row of colwise block scales, at its column 0
+            // (block row (r0 + 16 blk) / 16 = r0 / 16 + blk for NVFP4, r0 / 32 for MXFP8).
+            constexpr int kLanesPerBlk = kRL / kNblk;
+            constexpr int kRedItems = O * kNblk * kCols;
+            uint8_t* const cb = a.cbscale + (r0 / (M == Mode::kMx ? 32 : 16)) * n + tile_c0;
 #pragma unroll
-          for (int l = 0; l < O; ++l) {
+            for (int e0 = 0; e0 < kRedItems; e0 += kThreads) {
+              const unsigned e = static_cast<unsigned>(e0 + tid);
+              if (kRedItems % kThreads != 0 && e >= kRedItems) break;
+              const unsigned l = e / (kNblk * kCols), blk = (e / kCols) % kNblk, c = e % kCols;
+              unsigned m = 0;
 #pragma unroll
-            for (int i = 0; i < R; ++i) {
-              unsigned key = keys[l][i];
-              key = max(key, __shfl_xor_sync(0xffffffffu, key, 1));
-              if constexpr (kGroupLanes == 4) key = max(key, __shfl_xor_sync(0xffffffffu, key, 2));
-              keys[l][i] = key;
-            }
-          }
-#pragma unroll
-          for (int l = 0; l < O; ++l) {
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-              const uint64_t row = row0 + i;
-              const unsigned key = keys[l][i];
-              const bool lead = (tx & (kGroupLanes - 1)) == 0;
+              for (int t = 0; t < kLanesPerBlk; ++t) m = max(m, red[l][blk * kLanesPerBlk + t][c]);
+              const bool out = tile_c0 + c < H && static_cast<int>(blk) * 16 < nr;
               if constexpr (M == Mode::kMx) {
-                const MxScale sc(key, a.qmax);
-                if (nok[i] > 0 && lead) {
-                  a.bscale[row * (n / 32) + (l * H + c0) / 32] =
-                      static_cast<uint8_t>(-sc.k + 127);
-                }
-                float q[8];
+                const MxScale sc(m, a.qmax);
+                mx_f[l][c] = sc.factor();
+                if (out) cb[l * H + c] = static_cast<uint8_t>(127 - sc.k);
+              } else {
+                const uint8_t code = nvfp4_scale(m, s);
+                if constexpr (kFp4Cmp) {
+                  // The block's thresholds from the table, and its special case: row 7 holds the
+                  // nibble mask of the codes kept (0xf, or 0 for a zero or NaN scale) in the low
+                  // byte and the NaN code (8 or 0) in the high one.
+                  auto& thh = *reinterpret_cast<uint16_t(*)[O][kNblk][8][kCols]>(smem_b);
+                  // Column c is half c % 2 of pair (c % 8) / 2 of lane c / 8.
+                  const int slot = 2 * fp4_pair_slot<kTx>(c / 8, (c % 8) / 2) + c % 2;
 #pragma unroll
-                for (int k = 0; k < 8; ++k) q[k] = sc(v[i][l][k]);
-                const uint2 c = fp8_codes(a.e5m2, q);
-                if (nok[i] > 0) store_codes8(a.data + y_off + i * n + l * H, c, a.vec_out, nok[i]);
+                  for (int j = 0; j < 7; ++j) {
+                    thh[l][blk][j][slot] = static_cast<uint16_t>(smem_t[code & 0x7fu][j]);
+                  }
+                  const uint32_t cc = code & 0x7fu;
+                  thh[l][blk][7][slot] = static_cast<uint16_t>(
+                      cc == 0u ? 0u : (cc == 0x7fu ? 0x800u : 0xfu));
+                } else {
+                  const float bs = fmt::from_e4m3(code);
+                  fp4_bs[0][l][blk][c] = bs;
+                  fp4_bs[1][l][blk][c] = __frcp_rn(bs);
+                }
+                if (out) cb[blk * n + l * H + c] = code;
+              }
+            }
+            __syncthreads();
+            [[maybe_unused]] const int blk = kNblk == 2 ? (ty * R) / 16 : 0;
+#pragma unroll
+            for (int l = 0; l < O; ++l) {
+              if constexpr (M == Mode::kMx) {
+                // Column pairs outer, rows inner: two columns' scales live at a time; the scaled
+                // values of a row are kept (float) until its 8 are ready.
+                float q[R][8];
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk) {
+                  const float2 f =
+                      lds_f2(reinterpret_cast<const float2*>(&mx_f[l][tx * 8 + 2 * kk]));
+                  const MxScale s0(f.x), s1(f.y);
+#pragma unroll
+                  for (int i = 0; i < R; ++i) {
+                    q[i][2 * kk] = s0(v[i][l][2 * kk]);
+                    q[i][2 * kk + 1] = s1(v[i][l][2 * kk + 1]);
+                  }
+                }
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                  const uint2 c = fp8_codes(a.e5m2, q[i]);
+                  if (nok[i] > 0) {
+                    store_codes8(a.colwise + y_off + i * n + l * H, c, vec_out,
+                                 nok[i]);
+                  }
+                }
               } else if constexpr (kFp4Cmp) {
-                const uint8_t code = nvfp4_scale(key, s);
-                if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
-                const uint4* t = reinterpret_cast<const uint4*>(smem_t[code & 0x7fu]);
-                const uint4 t0 = t[0], t1 = t[1];
-                const uint32_t y[7] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z};
-                uint32_t codes = 0;
+                const auto& thw =
+                    *reinterpret_cast<const uint32_t(*)[O][kNblk][8][kCols / 2]>(smem_b);
+                // One column pair at a time (its 7 thresholds live), rows inner; part[i]: row i's
+                // codes so far, pair p's byte placed at byte p.
+                uint32_t part[R];
 #pragma unroll
-                for (int p = 0; p < 4; ++p) codes = fp4_place(codes, fp4_pair(v[i][l].w[p], y), p);
-                if (nok[i] > 0) {
-                  store_fp4x8(a.data + (y_off + i * n + l * H) / 2, fp4_special(codes, code),
-                              a.vec_out, nok[i]);
+                for (int p = 0; p < 4; ++p) {
+                  uint32_t y[7];
+#pragma unroll
+                  for (int j = 0; j < 7; ++j) y[j] = thw[l][blk][j][fp4_pair_slot<kTx>(tx, p)];
+#pragma unroll
+                  for (int i = 0; i < R; ++i) {
+                    part[i] = fp4_place(p == 0 ? 0u : part[i], fp4_pair(v[i][l].w[p], y), p);
+                  }
                 }
-              } else {
-                const uint8_t code = nvfp4_scale(key, s);
-                if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
-                float bs[8], rb[8];
-                const float bsv = fmt::from_e4m3(code), rbv = __frcp_rn(bsv);
+                // Row 7: per column pair, [keep0 | nan0 << 8, keep1 | nan1 << 8]; q | q >> 12 puts
+                // the pair's keep byte in byte 0 and its NaN byte in byte 1.
+                uint32_t z[4];
 #pragma unroll
-                for (int k = 0; k < 8; ++k) bs[k] = bsv, rb[k] = rbv;
-                if (nok[i] > 0) {
-                  store_fp4x8(a.data + (y_off + i * n + l * H) / 2,
-                              nvfp4_codes(v[i][l], s, bs, rb), a.vec_out, nok[i]);
+                for (int p = 0; p < 4; ++p) {
+                  const uint32_t q = thw[l][blk][7][fp4_pair_slot<kTx>(tx, p)];
+                  z[p] = q | (q >> 12);
                 }
-              }
-            }
-          }
-        }
-        if (colwise) {
-          auto& red = *reinterpret_cast<unsigned(*)[O][kRL][kCols]>(smem_a);
-          auto& mx_f = *reinterpret_cast<float(*)[O][kCols]>(smem_b);
-          // NVFP4: the decoded block scales, then their reciprocals RN(1 / bs).
-          auto& fp4_bs = *reinterpret_cast<float(*)[2][O][kNblk][kCols]>(smem_b);
-          // Per-lane column maxima over the lane's R rows (all in one column block: R | 16).
-#pragma unroll
-          for (int l = 0; l < O; ++l) {
-            unsigned ck[8];
-            if constexpr (std::is_same_v<T, float>) {
-#pragma unroll
-              for (int k = 0; k < 8; ++k) {
-                ck[k] = v[0][l].abs_word(k);
-#pragma unroll
-                for (int i = 1; i < R; ++i) ck[k] = max(ck[k], v[i][l].abs_word(k));
-              }
-            } else {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                uint32_t m = v[0][l].abs_word(j);
-#pragma unroll
-                for (int i = 1; i < R; ++i) m = V8<T>::pmax(m, v[i][l].abs_word(j));
-                ck[2 * j] = V8<T>::key_lo(m);
-                ck[2 * j + 1] = V8<T>::key_hi(m);
-              }
-            }
-            uint4* dst = reinterpret_cast<uint4*>(&red[l][ty][tx * 8]);
-            dst[0] = make_uint4(ck[0], ck[1], ck[2], ck[3]);
-            dst[1] = make_uint4(ck[4], ck[5], ck[6], ck[7]);
-          }
-          __syncthreads();
-          // Column block maxima (and the colwise block scales) by O * kNblk * kCols threads.
-          constexpr int kLanesPerBlk = kRL / kNblk;
-          for (int e = tid; e < O * kNblk * kCols; e += kThreads) {
-            const int l = e / (kNblk * kCols), blk = (e / kCols) % kNblk, c = e % kCols;
-            unsigned m = 0;
-#pragma unroll
-            for (int t = 0; t < kLanesPerBlk; ++t) m = max(m, red[l][blk * kLanesPerBlk + t][c]);
-            const uint64_t col = tile_c0 + c;
-            const bool out = col < H && blk * 16 < nr;
-            if constexpr (M == Mode::kMx) {
-              const MxScale sc(m, a.qmax);
-              mx_f[l][c] = sc.factor();
-              if (out) a.cbscale[(r0 / 32) * n + l * H + col] = static_cast<uint8_t>(127 - sc.k);
-            } else {
-              const uint8_t code = nvfp4_scale(m, s);
-              if constexpr (kFp4Cmp) {
-                // The block's thresholds from the table, and its special case: row 7 holds the
-                // nibble mask of the codes kept (0xf, or 0 for a zero or NaN scale) in the low
-                // byte and the NaN code (8 or 0) in the high one.
-                auto& thh = *reinterpret_cast<uint16_t(*)[O][kNblk][8][kCols]>(smem_b);
-                // Column c is half c % 2 of pair (c % 8) / 2 of lane c / 8.
-                const int slot = 2 * fp4_pair_slot<kTx>(c / 8, (c % 8) / 2) + c % 2;
-#pragma unroll
-                for (int j = 0; j < 7; ++j) {
-                  thh[l][blk][j][slot] = static_cast<uint16_t>(smem_t[code & 0x7fu][j]);
-                }
-                const uint32_t cc = code & 0x7fu;
-                thh[l][blk][7][slot] = static_cast<uint16_t>(
-                    cc == 0u ? 0u : (cc == 0x7fu ? 0x800u : 0xfu));
-              } else {
-                const float bs = fmt::from_e4m3(code);
-                fp4_bs[0][l][blk][c] = bs;
-                fp4_bs[1][l][blk][c] = __frcp_rn(bs);
-              }
-              if (out) a.cbscale[((r0 + 16 * blk) / 16) * n + l * H + col] = code;
-            }
-          }
-          __syncthreads();
-          [[maybe_unused]] const int blk = kNblk == 2 ? (ty * R) / 16 : 0;
-#pragma unroll
-          for (int l = 0; l < O; ++l) {
-            if constexpr (M == Mode::kMx) {
-              // Column pairs outer, rows inner: two columns' scales live at a time; the scaled
-              // values of a row are kept (float) until its 8 are ready.
-              float q[R][8];
-#pragma unroll
-              for (int kk = 0; kk < 4; ++kk) {
-                const float2 f = lds_f2(reinterpret_cast<const float2*>(&mx_f[l][tx * 8 + 2 * kk]));
-                const MxScale s0(f.x), s1(f.y);
+                const uint32_t keep =
+                    prmt(prmt(z[0], z[1], 0x40u), prmt(z[2], z[3], 0x40u), 0x5410u);
+                const uint32_t nanc =
+                    prmt(prmt(z[0], z[1], 0x51u), prmt(z[2], z[3], 0x51u), 0x5410u);
 #pragma unroll
                 for (int i = 0; i < R; ++i) {
-                  q[i][2 * kk] = s0(v[i][l][2 * kk]);
-                  q[i][2 * kk + 1] = s1(v[i][l][2 * kk + 1]);
+                  if (nok[i] > 0) {
+                    store_fp4x8(a.colwise + y_off / 2 + i * (n / 2) + l * (H / 2),
+                                (part[i] & keep) | nanc, vec_out, nok[i]);
+                  }
                 }
-              }
-#pragma unroll
-              for (int i = 0; i < R; ++i) {
-                const uint2 c = fp8_codes(a.e5m2, q[i]);
-                if (nok[i] > 0) {
-                  store_codes8(a.colwise + y_off + i * n + l * H, c, a.vec_out,
-                               nok[i]);
-                }
-              }
-            } else if constexpr (kFp4Cmp) {
-              const auto& thw =
-                  *reinterpret_cast<const uint32_t(*)[O][kNblk][8][kCols / 2]>(smem_b);
-              // One column pair at a time (its 7 thresholds live), rows inner; part[i]: row i's
-              // codes so far, pair p's byte placed at byte p.
-              uint32_t part[R];
-#pragma unroll
-              for (int p = 0; p < 4; ++p) {
-                uint32_t y[7];
-#pragma unroll
-                for (int j = 0; j < 7; ++j) y[j] = thw[l][blk][j][fp4_pair_slot<kTx>(tx, p)];
+              } else {
+                const float4* src = reinterpret_cast<const float4*>(&fp4_bs[0][l][blk][tx * 8]);
+                const float4* srr = reinterpret_cast<const float4*>(&fp4_bs[1][l][blk][tx * 8]);
+                const float4 u0 = src[0], u1 = src[1], w0 = srr[0], w1 = srr[1];
+                const float bs[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+                const float rb[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
                 for (int i = 0; i < R; ++i) {
-                  part[i] = fp4_place(p == 0 ? 0u : part[i], fp4_pair(v[i][l].w[p], y), p);
-                }
-              }
-              // Row 7: per column pair, [keep0 | nan0 << 8, keep1 | nan1 << 8]; q | q >> 12 puts
-              // the pair's keep byte in byte 0 and its NaN byte in byte 1.
-              uint32_t z[4];
-#pragma unroll
-              for (int p = 0; p < 4; ++p) {
-                const uint32_t q = thw[l][blk][7][fp4_pair_slot<kTx>(tx, p)];
-                z[p] = q | (q >> 12);
-              }
-              const uint32_t keep =
-                  prmt(prmt(z[0], z[1], 0x40u), prmt(z[2], z[3], 0x40u), 0x5410u);
-              const uint32_t nanc =
-                  prmt(prmt(z[0], z[1], 0x51u), prmt(z[2], z[3], 0x51u), 0x5410u);
-#pragma unroll
-              for (int i = 0; i < R; ++i) {
-                if (nok[i] > 0) {
-                  store_fp4x8(a.colwise + (y_off + i * n + l * H) / 2, (part[i] & keep) | nanc,
-                              a.vec_out, nok[i]);
-                }
-              }
-            } else {
-              const float4* src = reinterpret_cast<const float4*>(&fp4_bs[0][l][blk][tx * 8]);
-              const float4* srr = reinterpret_cast<const float4*>(&fp4_bs[1][l][blk][tx * 8]);
-              const float4 u0 = src[0], u1 = src[1], w0 = srr[0], w1 = srr[1];
-              const float bs[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-              const float rb[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-              for (int i = 0; i < R; ++i) {
-                if (nok[i] > 0) {
-                  store_fp4x8(a.colwise + (y_off + i * n + l * H) / 2,
-                              nvfp4_codes(v[i][l], s, bs, rb), a.vec_out, nok[i]);
+                  if (nok[i] > 0) {
+                    store_fp4x8(a.colwise + y_off / 2 + i * (n / 2) + l * (H / 2),
+                                nvfp4_codes(v[i][l], s, bs, rb), vec_out, nok[i]);
+                  }
                 }
               }
             }
+            // red and the factors: the next tile writes red only after every thread passed the
+            // barrier above (so the reads of red are done), and the factors after its own first.
           }
-          // red and the factors: the next tile writes red only after every thread passed the
-          // barrier above (so the reads of red are done), and the factors after its own first.
         }
+      };
+      if (kWholeCopy && whole) {
+        tile(std::integral_constant<bool, kWholeCopy>{});
+      } else {
+        tile(std::false_type{});
       }
     }
 
@@ -946,7 +1021,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
         __syncthreads();
       }
     }
-  }
+  }  // groups
+  }  // column tiles
   }  // batches
 }
 
