@@ -535,8 +535,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
   }
   // The batch's tensor scale (a load and, for a scale derived from the amax, a division: once per
   // batch, not per tile).
-  [[maybe_unused]] float s_b = 0.0f;
-  if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) s_b = tensor_scale(a, b);
+  [[maybe_unused]] float s = 0.0f;
+  if constexpr (M == Mode::kTensor || M == Mode::kNvfp4) s = tensor_scale(a, b);
   // Column tiles outer, groups inner: a block usually keeps its column tile (the grid's x is the
   // column tile count) and walks several groups, so the column set-up runs once.
   for (uint32_t ct = blockIdx.x; ct < a.col_tiles; ct += gridDim.x) {
@@ -549,7 +549,6 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
       t_begin = static_cast<uint32_t>(uint64_t{g} * a.row_tiles / a.groups);
       t_end = static_cast<uint32_t>(uint64_t{g + 1} * a.row_tiles / a.groups);
     }
-    [[maybe_unused]] const float s = s_b;
     uint32_t amax_p = 0;  // packed max of |y| (V8::to_key)
     float acc[O][8];
 #pragma unroll
@@ -563,9 +562,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
           static_cast<int>(std::min<uint64_t>(kTileRows, mb - uint64_t{rt} * kTileRows));
       // Whole tiles (every row and column inside, 16-byte loads and vector stores), nearly all of
       // a large input, run a copy of the tile in which the edge checks are constants, for the
-      // block-scaled forward: there the per-row branches around loads and stores cost ~4% of the
-      // instructions. The backward and the tensor-scaled tiles keep one copy: the second one
-      // added spills there (dact + dbias NVFP4 0.04 ms slower, the transposed GELU 0.05 ms).
+      // block-scaled forward (in ncu's count of the NVFP4 row + col pass, branch and
+      // reconvergence instructions were 3.9 of 48.7 per element). The backward and the
+      // tensor-scaled tiles keep one copy: the second one added spills there (quant_test --bench:
+      // dact + dbias GELU NVFP4 1.10 -> 1.41 ms, the transposed GELU 0.77 -> 0.82 ms).
       constexpr bool kWholeCopy = !kBwd && (M == Mode::kMx || M == Mode::kNvfp4);
       const bool whole = tile_rows == kTileRows && tile_c0 + kCols <= H && a.vec_in && a.vec_out;
       auto tile = [&](auto whole_tag) {
@@ -862,9 +862,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
             }
             __syncthreads();
             // Column block maxima (and the colwise block scales) by O * kNblk * kCols threads, in
-            // an unrolled loop whose index arithmetic folds (a runtime loop spent ~50 instructions
-            // per block on it). cb: the tile's first row of colwise block scales, at its column 0
-            // (block row (r0 + 16 blk) / 16 = r0 / 16 + blk for NVFP4, r0 / 32 for MXFP8).
+            // an unrolled loop whose index arithmetic folds (as a runtime loop, index and address
+            // arithmetic was ~60 of the ~115 instructions per column block in the SASS). cb: the
+            // tile's first row of colwise block scales, at its column 0 (block row
+            // (r0 + 16 blk) / 16 = r0 / 16 + blk for NVFP4, r0 / 32 for MXFP8).
             constexpr int kLanesPerBlk = kRL / kNblk;
             constexpr int kRedItems = O * kNblk * kCols;
             uint8_t* const cb = a.cbscale + (r0 / (M == Mode::kMx ? 32 : 16)) * n + tile_c0;
