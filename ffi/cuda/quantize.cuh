@@ -16,7 +16,8 @@
 // 16-byte load of a 16-bit dtype, two of float32); a row lane owns R consecutive rows of the tile
 // (R = 4, 2 or 1, so that each thread issues >= 64 bytes of loads before it computes). So a tile
 // is kCols = 64 R columns wide, kRL = 32 / R row lanes tall. Every load of a tile is issued before
-// the first value is computed. Per value: the activation (or its gradient) in float32, rounded to
+// the first value is computed (the MXFP8 forward copies the next whole tile's inputs into shared
+// memory with cp.async while it computes this one). Per value: the activation (or its gradient) in float32, rounded to
 // x's dtype (what NO_SCALING outputs; 16-bit values stay packed two per register, and max keys
 // are taken on the packed pairs), then:
 //   amax    integer max of |y|'s bits (NaN above inf), block-reduced, atomicMax per batch;
@@ -40,8 +41,10 @@
 //           finalize kernel of dact_dbias.cu adds the groups in order. No float atomics.
 // Work items are (column tile, group, batch) = the grid's (x, y, z), one block each (grid-stride
 // where LaunchConfig::max_blocks caps it, or y / z exceed 65535); without dbias a group is one row
-// tile. No 64-bit division in the kernel: with a flat item index, the six divisions that split it
-// cost as much as the tile's own work.
+// tile, except in the block-scaled modes, where it is up to 8 consecutive ones (launch_quantized).
+// A group's tiles step their addresses from one to the next. No 64-bit division per tile: with a
+// flat item index, the six divisions that split it cost as much as the tile's own work (the
+// range of a group of several tiles takes two divisions, once per group).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -470,6 +473,17 @@ __device__ __forceinline__ float2 lds_f2(const float2* p) {
   return r;
 }
 
+// 16 bytes from global to shared memory, asynchronously (cp.async, L2 only), and the wait for all
+// of this thread's copies.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+               ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 template <typename Spec, typename T, Mode M, bool kBwd>
 struct Smem {
   using G = Geo<Spec, T, kBwd>;
@@ -496,6 +510,15 @@ struct Smem {
                 : size_t{2} * G::O * kNblk * G::kCols * 4;
   // Region T (16-bit NVFP4): the threshold table of the batch's tensor scale.
   static constexpr int kTableRows = kFp4Cmp ? 128 : 1;
+  // Region P (the MXFP8 forward): the next whole tile's inputs, copied asynchronously while this
+  // one is computed: per thread R * L loads of 8 elements, in 16-byte chunks [chunk][thread] (a
+  // warp's chunk is 512 contiguous bytes: no bank conflicts). quant_test --bench (H100): act_lu
+  // GELU MXFP8 row + col 0.870 -> 0.827 ms, SWIGLU 1.147 -> 1.117 ms, quantize MXFP8 row + col
+  // 0.775 -> 0.771 ms; the NVFP4 forward lost with it (quantize row + col 0.824 -> 0.834 ms, act_lu
+  // GELU row 0.684 -> 0.704 ms), so it loads directly.
+  static constexpr bool kPrefetch = !kBwd && M == Mode::kMx;
+  static constexpr int kChunks = G::R * G::L * static_cast<int>(sizeof(T)) / 2;
+  static constexpr int kPfChunks = kPrefetch ? kChunks : 1;
 };
 
 template <typename Spec, typename T, Mode M, bool kBwd>
@@ -509,8 +532,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
   __shared__ alignas(16) unsigned char smem_a[S::kA];
   __shared__ alignas(16) unsigned char smem_b[S::kB];
   __shared__ alignas(16) uint32_t smem_t[S::kTableRows][8];
+  __shared__ alignas(16) uint4 smem_p[S::kPfChunks][S::kPrefetch ? kThreads : 1];
 
   const int tid = threadIdx.x;
+  // Lets the compiler fold index arithmetic that mixes tid with compile-time strides.
+  __builtin_assume(tid >= 0 && tid < kThreads);
   const int tx = tid % kTx, ty = tid / kTx;
   const uint64_t H = a.H, n = a.n, mb = a.mb;
   const T* x = static_cast<const T*>(a.x);
@@ -544,10 +570,12 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
   const uint64_t c0 = tile_c0 + static_cast<uint64_t>(tx) * 8;  // this lane's first column
   const int ncol = c0 < H ? static_cast<int>(std::min<uint64_t>(8, H - c0)) : 0;
   for (uint32_t g = blockIdx.y; g < a.groups; g += gridDim.y) {
-    uint32_t t_begin = g, t_end = g + 1;  // without dbias a group is one row tile
-    if (a.ws != nullptr) {
-      t_begin = static_cast<uint32_t>(uint64_t{g} * a.row_tiles / a.groups);
-      t_end = static_cast<uint32_t>(uint64_t{g + 1} * a.row_tiles / a.groups);
+    // The group's row tiles: one (groups == row_tiles), or a range of consecutive ones (the dbias
+    // groups; the block-scaled modes' blocks, see launch_quantized).
+    uint64_t t_begin = g, t_end = uint64_t{g} + 1;
+    if (a.groups != a.row_tiles) {
+      t_begin = uint64_t{g} * a.row_tiles / a.groups;
+      t_end = (uint64_t{g} + 1) * a.row_tiles / a.groups;
     }
     uint32_t amax_p = 0;  // packed max of |y| (V8::to_key)
     float acc[O][8];
@@ -556,10 +584,32 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[l][k] = 0.0f;
 
-    for (uint32_t rt = t_begin; rt < t_end; ++rt) {
-      const uint64_t r0 = b * mb + uint64_t{rt} * kTileRows;  // the tile's first row
-      const int tile_rows =
-          static_cast<int>(std::min<uint64_t>(kTileRows, mb - uint64_t{rt} * kTileRows));
+    // This thread's element offsets in x, dz and y at (its first row of the group's first tile,
+    // c0); each tile steps them by its rows' strides instead of multiplying per tile (the
+    // products and their operands' reloads were ~100 instructions per warp and tile in the SASS).
+    const uint64_t row_first = b * mb + t_begin * kTileRows + static_cast<uint64_t>(ty) * R;
+    uint64_t x_off = row_first * (L * H) + c0;
+    [[maybe_unused]] uint64_t z_off = row_first * H + c0;
+    uint64_t y_off = row_first * n + c0;
+    // With S::kPrefetch the whole tiles' inputs go through smem_p: the copies of tile rt + 1 are
+    // issued as soon as tile rt's have been read, so they are in flight while tile rt is computed.
+    [[maybe_unused]] bool prefetched = false;  // this tile's inputs are on their way to smem_p
+    [[maybe_unused]] auto prefetch = [&](uint64_t xo) {
+      constexpr int kPerLoad = static_cast<int>(sizeof(T)) / 2;  // 16-byte chunks per 8 elements
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+#pragma unroll
+        for (int h = 0; h < L; ++h)
+#pragma unroll
+          for (int q = 0; q < kPerLoad; ++q) {
+            cp_async16(&smem_p[(i * L + h) * kPerLoad + q][tid],
+                       x + xo + i * (L * H) + h * H + q * (16 / sizeof(T)));
+          }
+    };
+    for (uint64_t rt = t_begin; rt < t_end;
+         ++rt, x_off += kTileRows * L * H, z_off += kTileRows * H, y_off += kTileRows * n) {
+      const uint64_t r0 = b * mb + rt * kTileRows;  // the tile's first row
+      const int tile_rows = static_cast<int>(std::min<uint64_t>(kTileRows, mb - rt * kTileRows));
       // Whole tiles (every row and column inside, 16-byte loads and vector stores), nearly all of
       // a large input, run a copy of the tile in which the edge checks are constants, for the
       // block-scaled forward (in ncu's count of the NVFP4 row + col pass, branch and
@@ -573,15 +623,33 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
         const int nr = kWhole ? kTileRows : tile_rows;
         [[maybe_unused]] const bool vec_in = kWhole || a.vec_in, vec_out = kWhole || a.vec_out;
         int nok[R];
-        // This thread's first row, and the element offsets of (row, c0) in x / dz and in y; the
-        // R rows follow at constant strides (one 64-bit multiply per array and tile).
-        const uint64_t row0 = r0 + static_cast<uint64_t>(ty) * R;
-        [[maybe_unused]] const uint64_t y_off = row0 * n + c0;
         // ---- loads: all of the tile's, then compute ----
         Raw8<T> in[R][G::kLoads];
-        {
-          const T* xr = x + row0 * (L * H) + c0;
-          [[maybe_unused]] const T* zr = dz + row0 * H + c0;
+        if constexpr (S::kPrefetch && kWhole) {
+          if (!prefetched) prefetch(x_off);
+          cp_async_wait_all();
+          constexpr int kPerLoad = static_cast<int>(sizeof(T)) / 2;
+#pragma unroll
+          for (int i = 0; i < R; ++i)
+#pragma unroll
+            for (int h = 0; h < L; ++h)
+#pragma unroll
+              for (int q = 0; q < kPerLoad; ++q) {
+                const uint4 u = smem_p[(i * L + h) * kPerLoad + q][tid];
+                uint32_t* w = &in[i][h].w[4 * q];
+                w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+              }
+#pragma unroll
+          for (int i = 0; i < R; ++i) nok[i] = 8;
+          // The next tile's copies reuse this thread's chunks: its reads above are done first
+          // (a thread's shared-memory accesses are performed in order, and the copies write only
+          // after their global loads return).
+          prefetched = rt + 1 < t_end && mb - (rt + 1) * kTileRows >= kTileRows;
+          if (prefetched) prefetch(x_off + kTileRows * L * H);
+        } else {
+          if constexpr (S::kPrefetch) prefetched = false;
+          const T* xr = x + x_off;
+          [[maybe_unused]] const T* zr = dz + z_off;
 #pragma unroll
           for (int i = 0; i < R; ++i) {
             nok[i] = kWhole ? 8 : (ty * R + i < nr ? ncol : 0);
@@ -782,19 +850,22 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 keys[l][i] = key;
               }
             }
+            // The block scales of this lane's rows: row i, half l at bsr[i * bs_row + l * bs_half],
+            // for the lanes that store them (c0 % kBlk == 0; the rowwise layout needs n % kBlk ==
+            // 0, so row * n / kBlk + c0 / kBlk = y_off / kBlk).
+            constexpr int kBlk = M == Mode::kMx ? 32 : 16;
+            const uint64_t bs_row = n / kBlk, bs_half = H / kBlk;
+            uint8_t* const bsr = a.bscale + y_off / kBlk;
 #pragma unroll
             for (int l = 0; l < O; ++l) {
 #pragma unroll
               for (int i = 0; i < R; ++i) {
-                const uint64_t row = row0 + i;
+                uint8_t* const bs_at = bsr + i * bs_row + l * bs_half;
                 const unsigned key = keys[l][i];
                 const bool lead = (tx & (kGroupLanes - 1)) == 0;
                 if constexpr (M == Mode::kMx) {
                   const MxScale sc(key, a.qmax);
-                  if (nok[i] > 0 && lead) {
-                    a.bscale[row * (n / 32) + (l * H + c0) / 32] =
-                        static_cast<uint8_t>(-sc.k + 127);
-                  }
+                  if (nok[i] > 0 && lead) *bs_at = static_cast<uint8_t>(-sc.k + 127);
                   float q[8];
 #pragma unroll
                   for (int k = 0; k < 8; ++k) q[k] = sc(v[i][l][k]);
@@ -802,7 +873,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                   if (nok[i] > 0) store_codes8(a.data + y_off + i * n + l * H, c, vec_out, nok[i]);
                 } else if constexpr (kFp4Cmp) {
                   const uint8_t code = nvfp4_scale(key, s);
-                  if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
+                  if (nok[i] > 0 && lead) *bs_at = code;
                   const uint4* t = reinterpret_cast<const uint4*>(smem_t[code & 0x7fu]);
                   const uint4 t0 = t[0], t1 = t[1];
                   const uint32_t y[7] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z};
@@ -817,7 +888,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                   }
                 } else {
                   const uint8_t code = nvfp4_scale(key, s);
-                  if (nok[i] > 0 && lead) a.bscale[row * (n / 16) + (l * H + c0) / 16] = code;
+                  if (nok[i] > 0 && lead) *bs_at = code;
                   float bs[8], rb[8];
                   const float bsv = fmt::from_e4m3(code), rbv = __frcp_rn(bsv);
 #pragma unroll
@@ -1112,7 +1183,25 @@ cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchCo
   a.mb = M_ / batches;
   const uint64_t row_tiles = (a.mb + kTileRows - 1) / kTileRows;
   const uint64_t col_tiles = (H + G::kCols - 1) / G::kCols;
-  const uint64_t groups = c.ws != nullptr ? static_cast<uint64_t>(c.groups) : row_tiles;
+  uint64_t groups = c.ws != nullptr ? static_cast<uint64_t>(c.groups) : row_tiles;
+  // One block per item; LaunchConfig::max_blocks (tests) caps the grid, x first.
+  const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
+  const uint64_t gx = std::clamp<uint64_t>(col_tiles, 1, std::min<uint64_t>(cap, 0x7fffffff));
+  // Block scaling: on large inputs a block takes up to 8 consecutive row tiles (a group, when
+  // there is no dbias to fix the groups), whose addresses it steps from tile to tile, and 16-bit
+  // NVFP4 builds its threshold table once for them (3.5 entries of ~30 instructions per thread,
+  // counted from the code: a few percent of one row tile's work); never fewer than 4096 blocks,
+  // so that the last wave's idle SMs do not show. quant_test --bench (H100): quantize NVFP4 row +
+  // col 0.90 -> 0.82 ms with the stepped addresses, act_lu GELU MXFP8 row 0.74 -> 0.63 ms with the
+  // consecutive tiles. The tensor-scaled transposed store keeps one row tile per block: there the
+  // blocks that run together write neighbouring 32-row pieces of each colwise row, and with 8
+  // tiles per block the same pass took 0.75 -> 1.03 ms.
+  uint64_t gy_max = 65535;
+  if constexpr (M == Mode::kMx || M == Mode::kNvfp4) {
+    const uint64_t blocks = std::max<uint64_t>((col_tiles * row_tiles * batches + 7) / 8, 4096);
+    gy_max = std::clamp<uint64_t>((blocks + gx - 1) / gx, 1, gy_max);
+    if (c.ws == nullptr) groups = std::min(groups, gy_max);
+  }
   if (row_tiles > 0x7fffffff || col_tiles > 0x7fffffff || groups > 0x7fffffff ||
       batches > 0x7fffffff) {
     return cudaErrorInvalidValue;
@@ -1145,18 +1234,6 @@ cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchCo
 
   const bool scale_inv = q.scale_inv != nullptr;
   if (items == 0 && !scale_inv) return cudaSuccess;
-  // One block per item; LaunchConfig::max_blocks (tests) caps the grid, x first.
-  const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
-  const uint64_t gx = std::clamp<uint64_t>(col_tiles, 1, std::min<uint64_t>(cap, 0x7fffffff));
-  // 16-bit NVFP4: each block first builds its threshold table (3.5 entries of ~30 instructions
-  // per thread, counted from the code: a few percent of one row tile's work), so on large inputs
-  // a block takes up to 8 row tiles; never fewer than 4096 blocks, so that the last wave's idle
-  // SMs do not show.
-  uint64_t gy_max = 65535;
-  if constexpr (Smem<Spec, T, M, kBwd>::kFp4Cmp) {
-    const uint64_t blocks = std::max<uint64_t>((items + 7) / 8, 4096);
-    gy_max = std::clamp<uint64_t>((blocks + gx - 1) / gx, 1, gy_max);
-  }
   const uint64_t gy = std::clamp<uint64_t>(groups, 1, std::min<uint64_t>(cap / gx, gy_max));
   const uint64_t gz = std::clamp<uint64_t>(batches, 1, std::min<uint64_t>(cap / (gx * gy), 65535));
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(gz));
