@@ -363,8 +363,13 @@ __device__ __forceinline__ uint32_t nvfp4_codes(const V& v, float s, const float
 template <typename T>
 inline constexpr bool kFp4ByCompare = !std::is_same_v<T, float>;
 
-// [code][j]: threshold j of E4M3 block-scale code `code`, doubled into both halves (Y | Y << 16).
-using Fp4Table = uint32_t[128][8];
+// [code][j], j < 7: threshold j of E4M3 block-scale code `code`, doubled into both halves
+// (Y | Y << 16). j = 7, 8: the code's special case as masks, codes -> (codes & [7]) | [8]: a block
+// whose scale is 0 has all +0 codes, one whose scale is NaN all 0x8 (as fmt::e2m1_magnitude of a
+// NaN quotient gives), the others keep theirs (one logic operation per row of codes, where
+// selecting them cost four). Rows of 12 words keep the 16-byte loads aligned.
+constexpr int kFp4TableWords = 12;
+using Fp4Table = uint32_t[128][kFp4TableWords];
 
 template <typename T>
 __device__ __forceinline__ void build_fp4_table(Fp4Table& tab, float s) {
@@ -375,6 +380,10 @@ __device__ __forceinline__ void build_fp4_table(Fp4Table& tab, float s) {
     const float bs = fmt::from_e4m3(static_cast<uint8_t>(c));
     const uint32_t y = fmt::nvfp4_input_threshold<kBf16>(fmt::nvfp4_threshold(bs, j), s, inv_s);
     tab[c][j] = y | (y << 16);
+  }
+  for (int c = threadIdx.x; c < 128; c += kThreads) {
+    tab[c][7] = c == 0 || c == 0x7f ? 0u : ~0u;
+    tab[c][8] = c == 0x7f ? 0x88888888u : 0u;
   }
 }
 
@@ -417,13 +426,6 @@ __device__ __forceinline__ uint32_t fp4_place(uint32_t part, uint32_t q, int p) 
 template <int kTx>
 __device__ __forceinline__ int fp4_pair_slot(int tx, int p) {
   return p * kTx + tx;
-}
-
-// The codes of a block whose scale is 0 (all +0) or NaN (all 0x8, as fmt::e2m1_magnitude of a
-// NaN quotient gives); other blocks keep theirs.
-__device__ __forceinline__ uint32_t fp4_special(uint32_t w, uint8_t code) {
-  const uint32_t c = code & 0x7fu;
-  return c == 0u ? 0u : (c == 0x7fu ? 0x88888888u : w);
 }
 
 // Stores 8 codes (one byte each) at p: one 8-byte store on the vector path, else the first n_ok.
@@ -539,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
   constexpr bool kFp4Cmp = S::kFp4Cmp;
   __shared__ alignas(16) unsigned char smem_a[S::kA];
   __shared__ alignas(16) unsigned char smem_b[S::kB];
-  __shared__ alignas(16) uint32_t smem_t[S::kTableRows][8];
+  __shared__ alignas(16) uint32_t smem_t[S::kTableRows][kFp4TableWords];
   __shared__ alignas(16) uint4 smem_p[S::kPfChunks][S::kPrefetch ? kThreads : 1];
 
   const int tid = threadIdx.x;
@@ -889,10 +891,9 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
 #pragma unroll
               for (int i = 0; i < R; ++i) {
                 uint8_t* const bs_at = bsr + i * bs_row + l * bs_half;
-                const unsigned key = keys[l][i];
                 const bool lead = (tx & (kGroupLanes - 1)) == 0;
                 if constexpr (M == Mode::kMx) {
-                  const MxScale sc(key, a.qmax);
+                  const MxScale sc(keys[l][i], a.qmax);
                   if (nok[i] > 0 && lead) *bs_at = static_cast<uint8_t>(-sc.k + 127);
                   float q[8];
 #pragma unroll
@@ -902,9 +903,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                 } else if constexpr (kFp4Cmp) {
                   const uint8_t code = fp4_codes[l][i];
                   if (nok[i] > 0 && lead) *bs_at = code;
-                  const uint4* t = reinterpret_cast<const uint4*>(smem_t[code & 0x7fu]);
-                  const uint4 t0 = t[0], t1 = t[1];
+                  const uint32_t* const row = smem_t[code & 0x7fu];
+                  const uint4 t0 = reinterpret_cast<const uint4*>(row)[0];
+                  const uint4 t1 = reinterpret_cast<const uint4*>(row)[1];
                   const uint32_t y[7] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z};
+                  const uint32_t keep = t1.w, nan_codes = row[8];
                   uint32_t codes = 0;
 #pragma unroll
                   for (int p = 0; p < 4; ++p) {
@@ -912,10 +915,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
                   }
                   if (nok[i] > 0) {
                     store_fp4x8(a.data + y_off / 2 + i * (n / 2) + l * (H / 2),
-                                fp4_special(codes, code), vec_out, nok[i]);
+                                (codes & keep) | nan_codes, vec_out, nok[i]);
                   }
                 } else {
-                  const uint8_t code = nvfp4_scale(key, s);
+                  const uint8_t code = nvfp4_scale(keys[l][i], s);
                   if (nok[i] > 0 && lead) *bs_at = code;
                   float bs[8], rb[8];
                   const float bsv = fmt::from_e4m3(code), rbv = __frcp_rn(bsv);
