@@ -17,9 +17,9 @@
 // (R = 4, 2 or 1, so that each thread issues >= 64 bytes of loads before it computes). So a tile
 // is kCols = 64 R columns wide, kRL = 32 / R row lanes tall. Every load of a tile is issued before
 // the first value is computed (the MXFP8 forward copies the next whole tile's inputs into shared
-// memory with cp.async while it computes this one). Per value: the activation (or its gradient) in float32, rounded to
-// x's dtype (what NO_SCALING outputs; 16-bit values stay packed two per register, and max keys
-// are taken on the packed pairs), then:
+// memory with cp.async while it computes this one). Per value: the activation (or its gradient)
+// in float32, rounded to x's dtype (what NO_SCALING outputs; 16-bit values stay packed two per
+// register, and max keys are taken on the packed pairs), then:
 //   amax    integer max of |y|'s bits (NaN above inf), block-reduced, atomicMax per batch;
 //   TENSOR  codes = fmt(y * scale[b]) (8 bytes per lane and row, one store); the colwise
 //           (transposed) layout goes through shared memory: the codes are stored row-major, and
