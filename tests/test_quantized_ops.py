@@ -168,6 +168,50 @@ def test_standalone_quantize_equals_reference(mode, q_dtype, shape, rng):
         )
 
 
+def _special_input(kind, dtype):
+    """A [64, 64] input whose 16-row x 16-column blocks include the special cases of the block
+    scales: all-zero blocks, blocks so small beside the tensor's amax that their NVFP4 scale
+    rounds to 0 (negative values too: their codes must be +0), and for kind "nan" / "inf" one
+    NaN or one infinity (the whole tensor's amax, and its block's scale, follow it)."""
+    x = np.linspace(-3.0, 3.0, 64 * 64).reshape(64, 64)
+    x[:16, :16] = 0.0  # zero block, rowwise and colwise
+    x[16:32, 16:32] = np.where(np.arange(16) % 2, 1.0, -1.0) * 1e-9  # scale -> 0 under S
+    x[40, 3] = 2.0e4  # the tensor's amax: the small blocks' NVFP4 scales underflow
+    if kind == "nan":
+        x[50, 50] = np.nan
+    elif kind == "inf":
+        x[50, 50] = -np.inf
+    return jnp.asarray(x, dtype)
+
+
+def _same_or_both_nan(got, want, what):
+    g = np.asarray(got.astype(jnp.float32) if got.dtype == jnp.float4_e2m1fn else got)
+    w = np.asarray(want.astype(jnp.float32) if want.dtype == jnp.float4_e2m1fn else want)
+    if g.dtype.kind == "f":  # NaN payloads are not specified: NaN-ness, then the other bits
+        nan = np.isnan(g)
+        np.testing.assert_array_equal(nan, np.isnan(w), err_msg=what)
+        g, w = g[~nan], w[~nan]
+    np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("kind", ["finite", "nan", "inf"])
+@pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
+def test_standalone_quantize_special_blocks(mode, q_dtype, kind, dtype):
+    """Zero, underflowing, NaN and infinite blocks: the kernels' special cases (NVFP4's zero and
+    NaN block scales, MXFP8's NaN and clamped scales, the amax of NaN) equal the pure-JAX path."""
+    x = _special_input(kind, DTYPES[dtype])
+    q = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
+    got = jax.jit(lambda v: te_jax.quantize(v, q, implementation="ffi"))(x)
+    want = jax.jit(lambda v: te_jax.quantize(v, q, implementation="xla"))(x)
+    for f in FIELDS:
+        g, w = getattr(got, f), getattr(want, f)
+        assert (g is None) == (w is None), f
+        if g is not None:
+            assert g.shape == w.shape and g.dtype == w.dtype, f
+            _same_or_both_nan(g, w, f"{mode} {kind} {dtype} {f}")
+
+
 def test_dact_lu_with_quantizer_is_the_dx_of_quantize_dact_dbias(rng):
     q = CurrentScaleQuantizer(E4M3, QuantizeLayout.ROWWISE_COLWISE)
     (dz, x) = _inputs(rng, jnp.bfloat16)[4]  # swiglu
