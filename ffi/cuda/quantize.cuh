@@ -527,8 +527,16 @@ struct Smem {
   // 0.775 -> 0.771 ms; the NVFP4 forward lost with it (quantize row + col 0.824 -> 0.834 ms, act_lu
   // GELU row 0.684 -> 0.704 ms), so it loads directly.
   static constexpr bool kPrefetch = !kBwd && M == Mode::kMx;
-  static constexpr int kChunks = G::R * G::L * static_cast<int>(sizeof(T)) / 2;
+  static constexpr int kPerLoad = static_cast<int>(sizeof(T)) / 2;  // 16-byte chunks per load
+  static constexpr int kChunks = G::R * G::L * kPerLoad;
   static constexpr int kPfChunks = kPrefetch ? kChunks : 1;
+  // Chunk c holds quarter q of the load of half h of row i (in[i][h].w[4q .. 4q + 3]).
+  struct Chunk {
+    int i, h, q;
+  };
+  static constexpr Chunk chunk(int c) {
+    return {c / (G::L * kPerLoad), (c / kPerLoad) % G::L, c % kPerLoad};
+  }
 };
 
 template <typename Spec, typename T, Mode M, bool kBwd>
@@ -605,16 +613,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
     // issued as soon as tile rt's have been read, so they are in flight while tile rt is computed.
     [[maybe_unused]] bool prefetched = false;  // this tile's inputs are on their way to smem_p
     [[maybe_unused]] auto prefetch = [&](uint64_t xo) {
-      constexpr int kPerLoad = static_cast<int>(sizeof(T)) / 2;  // 16-byte chunks per 8 elements
 #pragma unroll
-      for (int i = 0; i < R; ++i)
-#pragma unroll
-        for (int h = 0; h < L; ++h)
-#pragma unroll
-          for (int q = 0; q < kPerLoad; ++q) {
-            cp_async16(&smem_p[(i * L + h) * kPerLoad + q][tid],
-                       x + xo + i * (L * H) + h * H + q * (16 / sizeof(T)));
-          }
+      for (int c = 0; c < S::kChunks; ++c) {
+        const auto k = S::chunk(c);
+        cp_async16(&smem_p[c][tid], x + xo + k.i * (L * H) + k.h * H + k.q * (16 / sizeof(T)));
+      }
     };
     for (uint64_t rt = t_begin; rt < t_end;
          ++rt, x_off += kTileRows * L * H, z_off += kTileRows * H, y_off += kTileRows * n) {
@@ -638,17 +641,13 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocks<Spec, T, M, kBwd>))
         if constexpr (S::kPrefetch && kWhole) {
           if (!prefetched) prefetch(x_off);
           cp_async_wait_all();
-          constexpr int kPerLoad = static_cast<int>(sizeof(T)) / 2;
 #pragma unroll
-          for (int i = 0; i < R; ++i)
-#pragma unroll
-            for (int h = 0; h < L; ++h)
-#pragma unroll
-              for (int q = 0; q < kPerLoad; ++q) {
-                const uint4 u = smem_p[(i * L + h) * kPerLoad + q][tid];
-                uint32_t* w = &in[i][h].w[4 * q];
-                w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-              }
+          for (int c = 0; c < S::kChunks; ++c) {
+            const auto k = S::chunk(c);
+            const uint4 u = smem_p[c][tid];
+            uint32_t* w = &in[k.i][k.h].w[4 * k.q];
+            w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+          }
 #pragma unroll
           for (int i = 0; i < R; ++i) nok[i] = 8;
           // The next tile's copies reuse this thread's chunks: its reads above are done first
@@ -1223,10 +1222,11 @@ cudaError_t launch_quantized(const QCall& c, cudaStream_t stream, const LaunchCo
   // NVFP4 builds its threshold table once for them (3.5 entries of ~30 instructions per thread,
   // counted from the code: a few percent of one row tile's work); never fewer than 4096 blocks,
   // so that the last wave's idle SMs do not show. quant_test --bench (H100): quantize NVFP4 row +
-  // col 0.90 -> 0.82 ms with the stepped addresses, act_lu GELU MXFP8 row 0.74 -> 0.63 ms with the
-  // consecutive tiles. The tensor-scaled transposed store keeps one row tile per block: there the
-  // blocks that run together write neighbouring 32-row pieces of each colwise row, and with 8
-  // tiles per block the same pass took 0.75 -> 1.03 ms.
+  // col 0.90 -> 0.82 ms (consecutive tiles with 64-bit tile counters and the rowwise block-scale
+  // pointer), act_lu GELU MXFP8 row 0.72 -> 0.63 ms with the consecutive tiles (the stepped
+  // offsets alone had taken it 0.74 -> 0.72). The tensor-scaled transposed store keeps one row
+  // tile per block: there the blocks that run together write neighbouring 32-row pieces of each
+  // colwise row, and with 8 tiles per block the same pass took 0.75 -> 1.03 ms.
   uint64_t gy_max = 65535;
   if constexpr (M == Mode::kMx || M == Mode::kNvfp4) {
     const uint64_t blocks = std::max<uint64_t>((col_tiles * row_tiles * batches + 7) / 8, 4096);
