@@ -19,9 +19,10 @@
 // with each thread streaming its rows through its own shared-memory slots by cp.async,
 // kAsyncStages - 1 rows ahead of the row it computes (so the bits equal the register kernel's).
 //
-// dbias_finalize_kernel: dbias[b, n] = sum over g = 0..G-1 of workspace[b, g, n], in that order,
-// rounded to the input dtype; a block loads a chunk of groups x 32 columns into shared memory with
-// many loads in flight and 32 threads add it up in group order.
+// dbias_finalize_kernel: dbias[b, n] = the sum over g < G of workspace[b, g, n], rounded to the
+// input dtype, in a fixed two-level order: 32 lanes each add a contiguous range of groups in
+// order, then the lanes' sums are added in lane order. A block owns 8 columns (one 32-byte
+// sector of a workspace row) and keeps up to 32 loads per thread in flight.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -287,50 +288,51 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   if (a.amax != nullptr) block_amax_commit(amax_bits, a.amax);
 }
 
-// dbias[b, c] = sum_{g < G} workspace[b, g, c] (in order g = 0, 1, ..., G-1), rounded to T.
-// A block owns kFinCols columns of one batch: its 256 threads load kFinChunk groups x kFinCols
-// columns at a time (kFinUnroll independent loads each, the next chunk's issued before the current
-// one is summed) into shared memory, and the first kFinCols threads add them up in group order.
-constexpr int kFinCols = 32;
-constexpr int kFinLanes = kThreads / kFinCols;  // 8
-constexpr int kFinUnroll = 16;
-constexpr int kFinChunk = kFinLanes * kFinUnroll;  // 128 groups
+// dbias[b, c] = the sum over g < G of workspace[b, g, c], rounded to T, in a fixed order: group
+// lane l (of kFinLanes) adds groups [l*G/kFinLanes, (l+1)*G/kFinLanes) in order, and the lanes'
+// sums are added in lane order. A block owns kFinCols columns of one batch (a 32-byte sector of
+// a workspace row), so a float32 [G, H] workspace is read by many blocks with kFinUnroll loads
+// in flight per thread.
+constexpr int kFinCols = 8;
+constexpr int kFinLanes = kThreads / kFinCols;  // 32
+constexpr int kFinUnroll = 32;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     dbias_finalize_kernel(const float* __restrict__ ws, T* __restrict__ dbias, uint64_t n,
                           uint64_t groups, uint64_t batches) {
-  __shared__ float tile[kFinChunk][kFinCols];
+  __shared__ float lane_sum[kFinLanes][kFinCols];
   const int tx = threadIdx.x % kFinCols;
   const int ty = threadIdx.x / kFinCols;
   const uint64_t col_blocks = (n + kFinCols - 1) / kFinCols;
+  const uint64_t g_begin = ty * groups / kFinLanes;
+  const uint64_t g_end = (ty + 1) * groups / kFinLanes;
   for (uint64_t b = blockIdx.y; b < batches; b += gridDim.y) {
     for (uint64_t cb = blockIdx.x; cb < col_blocks; cb += gridDim.x) {
       const uint64_t c = cb * kFinCols + tx;
       const bool active = c < n;
       const float* p = ws + b * groups * n + c;
-      float v[kFinUnroll];
-      auto load = [&](uint64_t g0) {
-#pragma unroll
-        for (int u = 0; u < kFinUnroll; ++u) {
-          const uint64_t g = g0 + ty + static_cast<uint64_t>(u) * kFinLanes;
-          v[u] = active && g < groups ? p[g * n] : 0.0f;
-        }
-      };
       float s = 0.0f;
-      load(0);
-      for (uint64_t g0 = 0; g0 < groups; g0 += kFinChunk) {
+      if (active) {
+        for (uint64_t g0 = g_begin; g0 < g_end; g0 += kFinUnroll) {
+          float v[kFinUnroll];
 #pragma unroll
-        for (int u = 0; u < kFinUnroll; ++u) tile[ty + u * kFinLanes][tx] = v[u];
-        __syncthreads();
-        if (g0 + kFinChunk < groups) load(g0 + kFinChunk);
-        if (ty == 0) {
-          const int m = static_cast<int>(std::min<uint64_t>(kFinChunk, groups - g0));
-          for (int j = 0; j < m; ++j) s += tile[j][tx];
+          for (int u = 0; u < kFinUnroll; ++u) v[u] = g0 + u < g_end ? p[(g0 + u) * n] : 0.0f;
+#pragma unroll
+          for (int u = 0; u < kFinUnroll; ++u) {
+            if (g0 + u < g_end) s += v[u];
+          }
         }
-        __syncthreads();
       }
-      if (ty == 0 && active) dbias[b * n + c] = from_float1<T>(s);
+      lane_sum[ty][tx] = s;
+      __syncthreads();
+      if (ty == 0 && active) {
+        float total = lane_sum[0][tx];
+#pragma unroll
+        for (int l = 1; l < kFinLanes; ++l) total += lane_sum[l][tx];
+        dbias[b * n + c] = from_float1<T>(total);
+      }
+      __syncthreads();
     }
   }
 }

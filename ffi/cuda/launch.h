@@ -52,8 +52,9 @@ cudaError_t launch_dact_q_nvfp4(const DActProblem& p, cudaStream_t stream,
                                 const LaunchConfig& cfg);
 cudaError_t launch_dact_q_amax(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
 
-// The dbias finalize kernel (dact_dbias.cu): dbias[b, c] = sum over g of ws[b, g, c], in order
-// g = 0..groups-1, rounded to dtype; ws is [batches, groups, n]. With load_only, only loads it.
+// The dbias finalize kernel (dact_dbias.cu): dbias[b, c] = sum over g of ws[b, g, c] in a fixed
+// order (32 contiguous ranges of groups, each in order, then the ranges in order), rounded to
+// dtype; ws is [batches, groups, n]. With load_only, only loads it.
 cudaError_t launch_dbias_finalize(const float* ws, void* dbias, DType dtype, uint64_t n,
                                   uint64_t groups, uint64_t batches, cudaStream_t stream,
                                   bool load_only);

@@ -38,7 +38,7 @@
 //   dbias   (backward) unrounded float32 sums in registers: each thread adds its rows in row order,
 //           tile after tile of its (batch, group); at the end of the group the row lanes' sums
 //           are added in lane order through shared memory and written to workspace[b, g, :]; the
-//           finalize kernel of dact_dbias.cu adds the groups in order. No float atomics.
+//           finalize kernel of dact_dbias.cu adds the groups in a fixed order. No float atomics.
 // Work items are (column tile, group, batch) = the grid's (x, y, z), one block each (grid-stride
 // where LaunchConfig::max_blocks caps it, or y / z exceed 65535); without dbias a group is one row
 // tile, except in the block-scaled modes, where it is up to 8 consecutive ones (launch_quantized).

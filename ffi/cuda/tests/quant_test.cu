@@ -706,11 +706,14 @@ float time_ms(const std::function<void()>& fn, int reps = 20) {
   return t[t.size() / 2];
 }
 
-int64_t dbias_groups(int64_t rows, int64_t hidden, int64_t itemsize) {  // primitives/dact_dbias.py
+// primitives/dact_dbias.py: quantized kernels aim at 8192 blocks (<= 512 groups), the
+// unquantized one at 32768 (<= 2048 groups).
+int64_t dbias_groups(int64_t rows, int64_t hidden, int64_t itemsize, bool quantized) {
+  const int64_t target = quantized ? 8192 : 32768, max_groups = quantized ? 512 : 2048;
   const int64_t tile = 32 * (16 / itemsize);
   const int64_t col_tiles = std::max<int64_t>(1, (hidden + tile - 1) / tile);
-  const int64_t want = (8192 + col_tiles - 1) / col_tiles;
-  return std::max<int64_t>(1, std::min<int64_t>({512, want, (rows + 63) / 64}));
+  const int64_t want = (target + col_tiles - 1) / col_tiles;
+  return std::max<int64_t>(1, std::min<int64_t>({max_groups, want, (rows + 63) / 64}));
 }
 
 // Bench inputs: values u * 2^e, u uniform in (-1, 1), e in [-4, 2], from a hash of the index.
@@ -736,7 +739,7 @@ void bench() {
   DevBuf<T> x(2 * E, 0), dz(E, 0);
   DevBuf<uint8_t> out(2 * E, 0), col(2 * E, 0), s1(E / 16, 0), s2(E / 16, 0);
   DevBuf<float> scale(1, 0), scale_inv(1, 0), amax(1, 0);
-  DevBuf<float> ws(512 * 2 * H, 0);
+  DevBuf<float> ws(2048 * 2 * H, 0);
   DevBuf<T> dbias(2 * H, 0), ybuf(2 * E, 0);
   fill_kernel<<<4096, 256>>>(x.ptr, 2 * E, 1u);
   fill_kernel<<<4096, 256>>>(dz.ptr, E, 2u);
@@ -820,7 +823,7 @@ void bench() {
       p.dbias = dbias.ptr;
       p.workspace = ws.ptr;
       p.batches = 1;
-      p.groups = dbias_groups(rows, H, 2);
+      p.groups = dbias_groups(rows, H, 2, quantized);
     }
     if (quantized) {
       p.quantized = true;
@@ -873,6 +876,29 @@ void bench() {
     const float t2 = measure("dact GELU CURRENT e4m3 row: quantize pass (no dbias)",
                              bwd(GELU, q_for(SM::CURRENT_TENSOR_SCALING, 1, 0), false), 5);
     if (t1 > 0 && t2 > 0) report("dact_dbias GELU CURRENT: both passes", t1 + t2, 9);
+  }
+  // The unquantized dbias kernel's row groups (primitives/dact_dbias.py picks ~32768 blocks:
+  // G = 2048 here in bf16, 1024 in float32), the same bytes as bf16 (float32: half the rows).
+  for (const DType dt : {DType::BF16, DType::F32}) {
+    for (const int64_t groups : {256, 1024, 2048}) {
+      DActProblem p{};
+      p.dtype = dt;
+      p.act = GELU;
+      p.act_len = 1;
+      p.rows = dt == DType::F32 ? M / 2 : M;
+      p.hidden = H;
+      p.dz = dz.ptr;
+      p.x = x.ptr;
+      p.dx = ybuf.ptr;
+      p.dbias = dbias.ptr;
+      p.workspace = ws.ptr;
+      p.batches = 1;
+      p.groups = groups;
+      const std::string name = std::string("dact_dbias GELU NO_SCALING ") +
+                               (dt == DType::F32 ? "float32" : "bf16") + " groups " +
+                               std::to_string(groups);
+      measure(name.c_str(), [=] { CHECK_CUDA(cuda::launch_dact_dbias(p, st, {})); }, 6);
+    }
   }
   measure("dact_dbias SWIGLU NO_SCALING (+amax) [per dx elem]", bwd(SWIGLU, {}, true, false), 5);
   measure("dact_dbias SWIGLU DELAYED e4m3 row", bwd(SWIGLU, q_for(DELAYED, 1, 0), true), 4);

@@ -30,20 +30,33 @@ from te_jax.primitives import base
 TARGET = "te_jax_dact_dbias_quantize"
 
 # Row groups per batch for the two-stage dbias reduction. A function of the shape and dtype only
-# (never of the device), so results are the same everywhere. The CUDA kernel runs one block per
-# (column tile of 32 16-byte vectors, batch, group): aim for ~8192 blocks, many waves on a 132-SM
-# GPU, so the last wave's idle SMs cost little (at ~1024 blocks, ~2.6 waves, the dbias kernel
-# measured 0.89-0.95 of copy bandwidth on an H100). At least 64 rows a group keeps the float32
-# workspace under ~3% of the data it sums; at most 512 groups. On the CPU, groups are the tasks.
-_TARGET_BLOCKS = 8192
+# (never of the device), so results are the same everywhere. The CUDA kernels run one block per
+# (column tile of 32 16-byte vectors, batch, group). The unquantized kernel (dact_dbias.cu) aims
+# at ~32768 blocks: on an H100 (1 GiB operands, H = 4096) its main kernel ran at 0.98 of copy
+# bandwidth with 8192 blocks of 256 rows and at 1.00 with 32768 blocks of 64 rows, the shorter
+# blocks leaving less of the last wave idle; the finalize then reads a 16 MiB workspace, and the
+# pair gained ~1.5% in all (docs/performance.md). The quantized tile kernels (quantize.cuh) were
+# tuned at ~8192 blocks and keep that. At least 64 rows a group keeps the float32 workspace under
+# ~3% of the data it sums. On the CPU, groups are the tasks.
+_TARGET_BLOCKS = 32768
+_MAX_GROUPS = 2048
+QUANTIZED_TARGET_BLOCKS = 8192
+QUANTIZED_MAX_GROUPS = 512
 _MIN_ROWS_PER_GROUP = 64
-_MAX_GROUPS = 512
 
 
-def dbias_groups(rows_per_batch: int, hidden: int, itemsize: int) -> int:
+def dbias_groups(
+    rows_per_batch: int,
+    hidden: int,
+    itemsize: int,
+    *,
+    target_blocks: int = _TARGET_BLOCKS,
+    max_groups: int = _MAX_GROUPS,
+) -> int:
+    """Row groups per batch: ~target_blocks / column tiles, >= 64 rows each, <= max_groups."""
     col_tiles = max(1, math.ceil(hidden / (32 * (16 // itemsize))))
-    want = math.ceil(_TARGET_BLOCKS / col_tiles)
-    return max(1, min(_MAX_GROUPS, want, math.ceil(rows_per_batch / _MIN_ROWS_PER_GROUP)))
+    want = math.ceil(target_blocks / col_tiles)
+    return max(1, min(max_groups, want, math.ceil(rows_per_batch / _MIN_ROWS_PER_GROUP)))
 
 
 def _feature_shape(x_shape, act: ActivationType):

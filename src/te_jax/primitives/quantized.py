@@ -41,7 +41,11 @@ from jax.interpreters import batching
 from te_jax import reference
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
-from te_jax.primitives.dact_dbias import dbias_groups
+from te_jax.primitives.dact_dbias import (
+    QUANTIZED_MAX_GROUPS,
+    QUANTIZED_TARGET_BLOCKS,
+    dbias_groups,
+)
 from te_jax.quantize import quantizers
 from te_jax.quantize import reference as qref
 from te_jax.quantize.modes import QuantizeLayout, ScalingMode
@@ -193,7 +197,13 @@ def _dbias_buffers(g: Geometry, dtype, is_dbias: bool) -> list[jax.ShapeDtypeStr
     sds = jax.ShapeDtypeStruct
     if not is_dbias:
         return [sds((0,), dtype), sds((0,), _F32)]
-    groups = dbias_groups(g.m // g.b, g.feat[-1], np.dtype(dtype).itemsize)
+    groups = dbias_groups(
+        g.m // g.b,
+        g.feat[-1],
+        np.dtype(dtype).itemsize,
+        target_blocks=QUANTIZED_TARGET_BLOCKS,
+        max_groups=QUANTIZED_MAX_GROUPS,
+    )
     return [sds((g.b, g.n), dtype), sds((g.b, groups, g.n), _F32)]
 
 
