@@ -161,19 +161,6 @@ __global__ void __launch_bounds__(kThreads, kDbiasBlocksPerSm<Spec>)
   if (a.amax != nullptr) block_amax_commit(amax_bits, a.amax);
 }
 
-// cp.async (16 bytes, through L2 only) into shared memory, and its group commit / wait.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Pipeline of the non-gated 16-byte path: kAsyncStages rows per thread in shared memory (4 of them
 // in flight, 128 bytes per thread; 40 KB per block), registers capped for kAsyncBlocksPerSm blocks
 // per SM. Measured on an H100 (1 GiB bf16 / float32 operands, H = 4096): 0.96-0.97 of copy; the

@@ -483,17 +483,6 @@ __device__ __forceinline__ float2 lds_f2(const float2* p) {
   return r;
 }
 
-// 16 bytes from global to shared memory, asynchronously (cp.async, L2 only), and the wait for all
-// of this thread's copies.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-               ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))), "l"(src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
-}
-
 template <typename Spec, typename T, Mode M, bool kBwd>
 struct Smem {
   using G = Geo<Spec, T, kBwd>;

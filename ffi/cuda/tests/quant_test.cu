@@ -807,24 +807,31 @@ void bench() {
     q.amax = amax.ptr;
     return fwd(act, q);
   };
-  auto bwd = [&](ActivationEnum act, QuantOutput q, bool with_dbias, bool quantized = true) {
+  // The backward problem over the bench buffers: dz of 1/L GiB, x of 1 GiB (float32: half the rows,
+  // the same bytes); with groups > 0, dbias through a workspace of that many groups.
+  auto bwd_problem = [&](ActivationEnum act, DType dt, int64_t groups) {
     const int L = is_gated(act) ? 2 : 1;
-    const int64_t rows = M / L;  // dz of 1/L GiB, x of 1 GiB
     DActProblem p{};
-    p.dtype = DType::BF16;
+    p.dtype = dt;
     p.act = act;
     p.act_len = L;
-    p.rows = rows;
+    p.rows = M / L / (dt == DType::F32 ? 2 : 1);
     p.hidden = H;
     p.dz = dz.ptr;
     p.x = x.ptr;
     p.dx = ybuf.ptr;
-    if (with_dbias) {
+    if (groups > 0) {
       p.dbias = dbias.ptr;
       p.workspace = ws.ptr;
       p.batches = 1;
-      p.groups = dbias_groups(rows, H, 2, quantized);
+      p.groups = groups;
     }
+    return p;
+  };
+  auto bwd = [&](ActivationEnum act, QuantOutput q, bool with_dbias, bool quantized = true) {
+    const int64_t rows = M / (is_gated(act) ? 2 : 1);
+    DActProblem p = bwd_problem(act, DType::BF16,
+                                with_dbias ? dbias_groups(rows, H, 2, quantized) : 0);
     if (quantized) {
       p.quantized = true;
       p.q = q;
@@ -878,22 +885,10 @@ void bench() {
     if (t1 > 0 && t2 > 0) report("dact_dbias GELU CURRENT: both passes", t1 + t2, 9);
   }
   // The unquantized dbias kernel's row groups (primitives/dact_dbias.py picks ~32768 blocks:
-  // G = 2048 here in bf16, 1024 in float32), the same bytes as bf16 (float32: half the rows).
+  // G = 2048 here in bf16, 1024 in float32).
   for (const DType dt : {DType::BF16, DType::F32}) {
     for (const int64_t groups : {256, 1024, 2048}) {
-      DActProblem p{};
-      p.dtype = dt;
-      p.act = GELU;
-      p.act_len = 1;
-      p.rows = dt == DType::F32 ? M / 2 : M;
-      p.hidden = H;
-      p.dz = dz.ptr;
-      p.x = x.ptr;
-      p.dx = ybuf.ptr;
-      p.dbias = dbias.ptr;
-      p.workspace = ws.ptr;
-      p.batches = 1;
-      p.groups = groups;
+      const DActProblem p = bwd_problem(GELU, dt, groups);
       const std::string name = std::string("dact_dbias GELU NO_SCALING ") +
                                (dt == DType::F32 ? "float32" : "bf16") + " groups " +
                                std::to_string(groups);
