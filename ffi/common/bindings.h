@@ -4,11 +4,12 @@
 //
 // te_jax_act_lu (ActLuFFI)
 //   args  x (..., [2,] H), scale f32[batches], amax f32[batches]
-//   rets  output, colwise_output, scale_inv, colwise_scale_inv, updated_amax
+//   rets  output, colwise_output, scale_inv, colwise_scale_inv, amax, global_scale_inv
 //   attrs act_enum, scaling_mode, quantize_layout, act_params, output_amax
 // te_jax_dact_dbias_quantize (DActLuDBiasQuantizeFFI)
 //   args  dz (..., H), x (..., [2,] H), scale f32[batches], amax f32[batches]
-//   rets  output, colwise_output, scale_inv, colwise_scale_inv, updated_amax, dbias, workspace
+//   rets  output, colwise_output, scale_inv, colwise_scale_inv, amax, global_scale_inv, dbias,
+//         workspace
 //   attrs scaling_mode, act_enum, quantize_layout, is_dbias, act_params, output_amax
 // te_jax_quantize (QuantizeFFI): act_lu of the identity, x 2-D [M, N]
 //   args  x, scale, amax; rets as te_jax_act_lu; attrs scaling_mode, quantize_layout, output_amax
@@ -19,8 +20,8 @@
 //
 // DELAYED multiplies y by `scale` (the quantizer's); CURRENT and NVFP4 read `amax` (the global
 // amax of their first pass) and derive the scale in the kernel; the other input is not read.
-// updated_amax is DELAYED's amax and NVFP4's global_scale_inv (1 / S). Outputs a mode does not
-// produce are empty (shape (0,)); see problem.h for every buffer's shape.
+// amax is max|y| (NO_SCALING with output_amax, DELAYED); global_scale_inv is NVFP4's 1 / S. Outputs
+// a mode does not produce are empty (shape (0,)); see problem.h for every buffer's shape.
 #pragma once
 
 #include <utility>
@@ -30,12 +31,13 @@
 
 namespace te_jax {
 
-// The five quantized outputs of te_jax_act_lu, te_jax_quantize and te_jax_dact_dbias_quantize:
-// output, colwise_output, scale_inv, colwise_scale_inv, updated_amax (shapes: problem.h).
+// The six quantized outputs of te_jax_act_lu, te_jax_quantize and te_jax_dact_dbias_quantize:
+// output, colwise_output, scale_inv, colwise_scale_inv, amax, global_scale_inv (problem.h).
 template <typename Binding>
 auto with_quantized_rets(Binding b) {
   namespace ffi = ::xla::ffi;
   return std::move(b)
+      .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()
       .template Ret<ffi::AnyBuffer>()

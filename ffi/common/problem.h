@@ -21,7 +21,7 @@
 //   MXFP8              data and colwise fp8 [M, N]; block scales E8M0 [M, N/32] / [M/32, N]
 //   NVFP4              data and colwise float4_e2m1fn [M, N], which XLA packs two per byte, first
 //                      element in the low nibble; block scales E4M3 [M, N/16] / [M/16, N]; the
-//                      global scale S; its inverse 1/S goes to the updated_amax slot (f32[batches])
+//                      global scale S; its inverse 1/S is the global_scale_inv output (f32[batches])
 // Inputs scale and amax, f32[batches]: DELAYED reads `scale`; CURRENT and NVFP4 read `amax`, the
 // (global) amax of their first pass, and derive the scale (fmt::scale_from_amax: Q / amax, resp.
 // 6 * 448 / amax), so no scale arithmetic is left to the caller. Every 1/scale is fmt::div_rn
@@ -53,10 +53,32 @@ enum class DType { F32, F16, BF16 };
 // Quantized output formats.
 enum class QType { E4M3, E5M2, E2M1 };
 
+// What the generic path writes: the amax pass (first pass of CURRENT and NVFP4) only max|y|; the
+// scaled modes their codes and scales. DELAYED and CURRENT emit alike (TENSOR): they differ only in
+// where the scale comes from (QuantOutput::tensor_scale).
+enum class QuantEmit { AMAX_PASS, TENSOR, MXFP8, NVFP4 };
+
+// The emit of a scaled mode (NO_SCALING has none: it takes the elementwise path).
+constexpr QuantEmit quant_emit(ScalingMode m) {
+  return m == ScalingMode::MXFP8_1D_SCALING   ? QuantEmit::MXFP8
+         : m == ScalingMode::NVFP4_1D_SCALING ? QuantEmit::NVFP4
+                                              : QuantEmit::TENSOR;
+}
+
+inline const char* quant_emit_name(QuantEmit e) {
+  switch (e) {
+    case QuantEmit::AMAX_PASS: return "AMAX_PASS";
+    case QuantEmit::TENSOR: return "TENSOR";
+    case QuantEmit::MXFP8: return "MXFP8";
+    case QuantEmit::NVFP4: return "NVFP4";
+  }
+  return "?";
+}
+
 // Where and how an op emits y on its generic (quantizing or amax-only) path; see the top comment.
 // Pointers of outputs the call does not produce are nullptr.
 struct QuantOutput {
-  ScalingMode mode = ScalingMode::NO_SCALING;  // NO_SCALING: the amax pass (only amax written)
+  QuantEmit emit = QuantEmit::AMAX_PASS;
   QType qtype = QType::E4M3;
   int64_t batches = 1;
   const float* scale = nullptr;          // [batches]: DELAYED the scale; CURRENT / NVFP4 the amax
@@ -183,7 +205,8 @@ inline std::string count_error(const char* what, size_t want, ffi::AnyBuffer b) 
 // a scaling block must not straddle (gated dact: the two halves, unit = H; otherwise unit = n).
 // NO_SCALING fills y / amax (the fast path); the scaled modes fill q and set quantized.
 struct OutputBuffers {
-  ffi::AnyBuffer scale, amax_in, out, colwise_out, scale_inv, colwise_scale_inv, updated_amax;
+  ffi::AnyBuffer scale, amax_in, out, colwise_out, scale_inv, colwise_scale_inv, amax_out,
+      global_scale_inv;
 };
 
 inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout layout,
@@ -191,8 +214,9 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
                                 const OutputBuffers& b, bool output_amax, void*& y, float*& amax,
                                 bool& quantized, QuantOutput& q) {
   using DT = ffi::DataType;
-  if (b.scale.element_type() != DT::F32 || b.updated_amax.element_type() != DT::F32) {
-    return invalid(op, "scale and updated_amax must be float32");
+  if (b.scale.element_type() != DT::F32 || b.amax_out.element_type() != DT::F32 ||
+      b.global_scale_inv.element_type() != DT::F32) {
+    return invalid(op, "scale, amax and global_scale_inv must be float32");
   }
   if (layout != QuantizeLayout::ROWWISE && layout != QuantizeLayout::COLWISE &&
       layout != QuantizeLayout::ROWWISE_COLWISE) {
@@ -205,8 +229,11 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
       return invalid(op, "NO_SCALING takes empty colwise_output, scale_inv and colwise_scale_inv");
     }
     const size_t want = output_amax ? 1 : 0;
-    if (b.updated_amax.element_count() != want) {
-      return invalid(op, std::string("updated_amax must have ") + std::to_string(want) +
+    if (b.global_scale_inv.element_count() != 0) {
+      return invalid(op, "NO_SCALING takes an empty global_scale_inv");
+    }
+    if (b.amax_out.element_count() != want) {
+      return invalid(op, std::string("amax must have ") + std::to_string(want) +
                              " element(s) when output_amax is " + (output_amax ? "true" : "false"));
     }
     if (b.out.element_type() != x_type || b.out.element_count() != elems) {
@@ -215,7 +242,7 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
                              dims_str(b.out.dimensions()));
     }
     y = b.out.untyped_data();
-    amax = output_amax ? b.updated_amax.typed_data<float>() : nullptr;
+    amax = output_amax ? b.amax_out.typed_data<float>() : nullptr;
     quantized = false;
     return ffi::Error::Success();
   }
@@ -230,7 +257,7 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
   const bool row = layout != QuantizeLayout::COLWISE;
   const bool col = layout != QuantizeLayout::ROWWISE;
   q = QuantOutput{};
-  q.mode = mode;
+  q.emit = quant_emit(mode);
   // One tensor per element of the per-batch input: CURRENT and NVFP4 read the amax of their
   // first pass, DELAYED (and MXFP8, for the count only) the scale.
   const bool from_amax = mode == ScalingMode::CURRENT_TENSOR_SCALING || nvfp4;
@@ -315,17 +342,21 @@ inline ffi::Error decode_output(const char* op, ScalingMode mode, QuantizeLayout
     if (col) q.colwise_block_scale = static_cast<uint8_t*>(b.colwise_scale_inv.untyped_data());
   }
 
-  // The per-batch float32 slot: DELAYED's amax, NVFP4's 1/S; empty otherwise.
-  const bool per_batch = mode == ScalingMode::DELAYED_TENSOR_SCALING || nvfp4;
-  const size_t want_per_batch = per_batch ? static_cast<size_t>(q.batches) : 0;
-  if (b.updated_amax.element_count() != want_per_batch) {
-    return invalid(op, std::string("updated_amax must have ") + std::to_string(want_per_batch) +
+  // Per-batch float32 outputs: DELAYED's amax (CURRENT's and NVFP4's come from their amax pass),
+  // NVFP4's 1 / S.
+  const bool delayed = mode == ScalingMode::DELAYED_TENSOR_SCALING;
+  const auto per_batch_ok = [&](const char* name, ffi::AnyBuffer buf, bool produced) {
+    const size_t want = produced ? static_cast<size_t>(q.batches) : 0;
+    if (buf.element_count() == want) return ffi::Error::Success();
+    return invalid(op, std::string(name) + " must have " + std::to_string(want) +
                            " element(s) for " + scaling_mode_name(mode) + ", got shape " +
-                           dims_str(b.updated_amax.dimensions()));
-  }
+                           dims_str(buf.dimensions()));
+  };
+  if (auto e = per_batch_ok("amax", b.amax_out, delayed); e.failure()) return e;
+  if (auto e = per_batch_ok("global_scale_inv", b.global_scale_inv, nvfp4); e.failure()) return e;
   if (mode != ScalingMode::MXFP8_1D_SCALING) q.scale = per_batch_in.typed_data<float>();
-  if (mode == ScalingMode::DELAYED_TENSOR_SCALING) q.amax = b.updated_amax.typed_data<float>();
-  if (nvfp4) q.scale_inv = b.updated_amax.typed_data<float>();
+  if (delayed) q.amax = b.amax_out.typed_data<float>();
+  if (nvfp4) q.scale_inv = b.global_scale_inv.typed_data<float>();
   if (mode == ScalingMode::CURRENT_TENSOR_SCALING) {
     q.scale_numerator = q.qtype == QType::E5M2 ? fmt::E5M2::kMax : fmt::E4M3::kMax;
   }
@@ -446,14 +477,14 @@ inline ffi::Error check_dbias_batches(const char* op, const DActProblem& p) {
 inline ffi::Error decode_act_lu(
     ActLuProblem& p, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax, ffi::AnyBuffer* out,
     ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv, ffi::AnyBuffer* colwise_scale_inv,
-    ffi::AnyBuffer* updated_amax, ActivationEnum act, ScalingMode mode, QuantizeLayout layout,
+    ffi::AnyBuffer* amax_out, ffi::AnyBuffer* global_scale_inv, ActivationEnum act, ScalingMode mode, QuantizeLayout layout,
     const ActParams& params, bool output_amax, const char* op = "te_jax_act_lu") {
   using namespace detail;
   int act_len = 0;
   if (auto e = decode_act_input(op, p, x, act, params, act_len); e.failure()) return e;
   if (amax.element_type() != ffi::DataType::F32) return invalid(op, "amax must be float32");
   const OutputBuffers b{scale, amax, *out, *colwise_out, *scale_inv, *colwise_scale_inv,
-                        *updated_amax};
+                        *amax_out, *global_scale_inv};
   return decode_output(op, mode, layout, x.element_type(), p.rows, p.hidden, p.hidden, b,
                        output_amax, p.y, p.amax, p.quantized, p.q);
 }
@@ -461,7 +492,7 @@ inline ffi::Error decode_act_lu(
 inline ffi::Error decode_dact_dbias(
     DActProblem& p, ffi::AnyBuffer dz, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax,
     ffi::AnyBuffer* out, ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv,
-    ffi::AnyBuffer* colwise_scale_inv, ffi::AnyBuffer* updated_amax, ffi::AnyBuffer* dbias,
+    ffi::AnyBuffer* colwise_scale_inv, ffi::AnyBuffer* amax_out, ffi::AnyBuffer* global_scale_inv, ffi::AnyBuffer* dbias,
     ffi::AnyBuffer* workspace, ScalingMode mode, ActivationEnum act, QuantizeLayout layout,
     bool is_dbias, const ActParams& params, bool output_amax) {
   constexpr const char* op = "te_jax_dact_dbias_quantize";
@@ -476,7 +507,7 @@ inline ffi::Error decode_dact_dbias(
     return invalid(op, "output must have x's shape " + dims_str(x.dimensions()) + " and dtype");
   }
   const OutputBuffers b{scale, amax, *out, *colwise_out, *scale_inv, *colwise_scale_inv,
-                        *updated_amax};
+                        *amax_out, *global_scale_inv};
   if (auto e = decode_output(op, mode, layout, x.element_type(), p.rows, p.act_len * p.hidden,
                              p.hidden, b, output_amax, p.dx, p.amax, p.quantized, p.q);
       e.failure()) {
@@ -489,9 +520,9 @@ inline ffi::Error decode_dact_dbias(
 inline ffi::Error decode_quantize(
     ActLuProblem& p, ffi::AnyBuffer x, ffi::AnyBuffer scale, ffi::AnyBuffer amax, ffi::AnyBuffer* out,
     ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv, ffi::AnyBuffer* colwise_scale_inv,
-    ffi::AnyBuffer* updated_amax, ScalingMode mode, QuantizeLayout layout, bool output_amax) {
+    ffi::AnyBuffer* amax_out, ffi::AnyBuffer* global_scale_inv, ScalingMode mode, QuantizeLayout layout, bool output_amax) {
   return decode_act_lu(p, x, scale, amax, out, colwise_out, scale_inv, colwise_scale_inv,
-                       updated_amax, ActivationEnum::IDENTITY, mode, layout, ActParams{},
+                       amax_out, global_scale_inv, ActivationEnum::IDENTITY, mode, layout, ActParams{},
                        output_amax, "te_jax_quantize");
 }
 

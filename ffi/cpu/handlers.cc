@@ -14,12 +14,13 @@ ffi::Error ActLuImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer scal
                      ffi::AnyBuffer amax, ffi::Result<ffi::AnyBuffer> out,
                      ffi::Result<ffi::AnyBuffer> colwise_out, ffi::Result<ffi::AnyBuffer> scale_inv,
                      ffi::Result<ffi::AnyBuffer> colwise_scale_inv,
-                     ffi::Result<ffi::AnyBuffer> updated_amax, ActivationEnum act_enum,
+                     ffi::Result<ffi::AnyBuffer> amax_out,
+    ffi::Result<ffi::AnyBuffer> global_scale_inv, ActivationEnum act_enum,
                      ScalingMode scaling_mode, QuantizeLayout quantize_layout,
                      ActParams act_params, bool output_amax) {
   ActLuProblem p;
   if (auto e = decode_act_lu(p, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
-                             &*colwise_scale_inv, &*updated_amax, act_enum, scaling_mode,
+                             &*colwise_scale_inv, &*amax_out, &*global_scale_inv, act_enum, scaling_mode,
                              quantize_layout, act_params, output_amax);
       e.failure()) {
     return e;
@@ -32,12 +33,13 @@ ffi::Error DActLuDBiasQuantizeImpl(
     ffi::ThreadPool pool, ffi::AnyBuffer dz, ffi::AnyBuffer x, ffi::AnyBuffer scale,
     ffi::AnyBuffer amax, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> colwise_out,
     ffi::Result<ffi::AnyBuffer> scale_inv, ffi::Result<ffi::AnyBuffer> colwise_scale_inv,
-    ffi::Result<ffi::AnyBuffer> updated_amax, ffi::Result<ffi::AnyBuffer> dbias,
+    ffi::Result<ffi::AnyBuffer> amax_out,
+    ffi::Result<ffi::AnyBuffer> global_scale_inv, ffi::Result<ffi::AnyBuffer> dbias,
     ffi::Result<ffi::AnyBuffer> workspace, ScalingMode scaling_mode, ActivationEnum act_enum,
     QuantizeLayout quantize_layout, bool is_dbias, ActParams act_params, bool output_amax) {
   DActProblem p;
   if (auto e = decode_dact_dbias(p, dz, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
-                                 &*colwise_scale_inv, &*updated_amax, &*dbias, &*workspace,
+                                 &*colwise_scale_inv, &*amax_out, &*global_scale_inv, &*dbias, &*workspace,
                                  scaling_mode, act_enum, quantize_layout, is_dbias, act_params,
                                  output_amax);
       e.failure()) {
@@ -52,11 +54,12 @@ ffi::Error QuantizeImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer s
                         ffi::Result<ffi::AnyBuffer> colwise_out,
                         ffi::Result<ffi::AnyBuffer> scale_inv,
                         ffi::Result<ffi::AnyBuffer> colwise_scale_inv,
-                        ffi::Result<ffi::AnyBuffer> updated_amax, ScalingMode scaling_mode,
+                        ffi::Result<ffi::AnyBuffer> amax_out,
+    ffi::Result<ffi::AnyBuffer> global_scale_inv, ScalingMode scaling_mode,
                         QuantizeLayout quantize_layout, bool output_amax) {
   ActLuProblem p;
   if (auto e = decode_quantize(p, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
-                               &*colwise_scale_inv, &*updated_amax, scaling_mode,
+                               &*colwise_scale_inv, &*amax_out, &*global_scale_inv, scaling_mode,
                                quantize_layout, output_amax);
       e.failure()) {
     return e;

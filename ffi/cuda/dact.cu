@@ -13,12 +13,11 @@ namespace te_jax::cuda {
 
 cudaError_t launch_dact_dbias(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
   if (p.quantized) {  // the generic path (quantize.cuh), with or without dbias
-    switch (p.q.mode) {
-      case ScalingMode::DELAYED_TENSOR_SCALING:
-      case ScalingMode::CURRENT_TENSOR_SCALING: return launch_dact_q_tensor(p, stream, cfg);
-      case ScalingMode::MXFP8_1D_SCALING: return launch_dact_q_mx(p, stream, cfg);
-      case ScalingMode::NVFP4_1D_SCALING: return launch_dact_q_nvfp4(p, stream, cfg);
-      case ScalingMode::NO_SCALING: return launch_dact_q_amax(p, stream, cfg);
+    switch (p.q.emit) {
+      case QuantEmit::TENSOR: return launch_dact_q_tensor(p, stream, cfg);
+      case QuantEmit::MXFP8: return launch_dact_q_mx(p, stream, cfg);
+      case QuantEmit::NVFP4: return launch_dact_q_nvfp4(p, stream, cfg);
+      case QuantEmit::AMAX_PASS: return launch_dact_q_amax(p, stream, cfg);
     }
     return cudaErrorInvalidValue;
   }

@@ -55,13 +55,13 @@ ffi::Error launch(const char* op, const Problem& p, cudaStream_t stream) {
 template <bool kInitialize>
 ffi::Error ActLuImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale,
                      ffi::AnyBuffer amax, Ret out, Ret colwise_out, Ret scale_inv,
-                     Ret colwise_scale_inv, Ret updated_amax, ActivationEnum act_enum,
+                     Ret colwise_scale_inv, Ret amax_out, Ret global_scale_inv, ActivationEnum act_enum,
                      ScalingMode scaling_mode, QuantizeLayout quantize_layout,
                      ActParams act_params, bool output_amax) {
   constexpr const char* op = "te_jax_act_lu";
   ActLuProblem p;
   if (ffi::Error e = decode_act_lu(p, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
-                                   &*colwise_scale_inv, &*updated_amax, act_enum, scaling_mode,
+                                   &*colwise_scale_inv, &*amax_out, &*global_scale_inv, act_enum, scaling_mode,
                                    quantize_layout, act_params, output_amax);
       e.failure()) {
     return e;
@@ -75,14 +75,14 @@ template <bool kInitialize>
 ffi::Error DActLuDBiasQuantizeImpl(cudaStream_t stream, ffi::AnyBuffer dz, ffi::AnyBuffer x,
                                    ffi::AnyBuffer scale, ffi::AnyBuffer amax, Ret out,
                                    Ret colwise_out, Ret scale_inv, Ret colwise_scale_inv,
-                                   Ret updated_amax, Ret dbias, Ret workspace,
+                                   Ret amax_out, Ret global_scale_inv, Ret dbias, Ret workspace,
                                    ScalingMode scaling_mode, ActivationEnum act_enum,
                                    QuantizeLayout quantize_layout, bool is_dbias,
                                    ActParams act_params, bool output_amax) {
   constexpr const char* op = "te_jax_dact_dbias_quantize";
   DActProblem p;
   if (ffi::Error e = decode_dact_dbias(p, dz, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
-                                       &*colwise_scale_inv, &*updated_amax, &*dbias,
+                                       &*colwise_scale_inv, &*amax_out, &*global_scale_inv, &*dbias,
                                        &*workspace, scaling_mode, act_enum, quantize_layout,
                                        is_dbias, act_params, output_amax);
       e.failure()) {
@@ -96,12 +96,12 @@ ffi::Error DActLuDBiasQuantizeImpl(cudaStream_t stream, ffi::AnyBuffer dz, ffi::
 template <bool kInitialize>
 ffi::Error QuantizeImpl(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer scale,
                         ffi::AnyBuffer amax, Ret out, Ret colwise_out, Ret scale_inv,
-                        Ret colwise_scale_inv, Ret updated_amax, ScalingMode scaling_mode,
+                        Ret colwise_scale_inv, Ret amax_out, Ret global_scale_inv, ScalingMode scaling_mode,
                         QuantizeLayout quantize_layout, bool output_amax) {
   constexpr const char* op = "te_jax_quantize";
   ActLuProblem p;
   if (ffi::Error e = decode_quantize(p, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
-                                     &*colwise_scale_inv, &*updated_amax, scaling_mode,
+                                     &*colwise_scale_inv, &*amax_out, &*global_scale_inv, scaling_mode,
                                      quantize_layout, output_amax);
       e.failure()) {
     return e;

@@ -34,8 +34,8 @@ cudaError_t launch_act_lu(const ActLuProblem& p, cudaStream_t stream, const Laun
 // p.quantized: emits dx through p.q (dbias as before).
 cudaError_t launch_dact_dbias(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
 
-// The generic path (p.quantized: the scaled modes, and the amax passes with q.mode ==
-// NO_SCALING) of launch_act_lu / launch_dact_dbias, one translation unit per mode
+// The generic path (p.quantized: the scaled modes, and the amax passes, q.emit == AMAX_PASS)
+// of launch_act_lu / launch_dact_dbias, one translation unit per mode
 // (quant_{act,dact}_{tensor,mx,nvfp4,amax}.cu; kernels in quantize.cuh). launch_act_lu and
 // launch_dact_dbias dispatch to them.
 cudaError_t launch_act_lu_q_tensor(const ActLuProblem& p, cudaStream_t stream,

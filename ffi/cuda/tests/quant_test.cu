@@ -8,7 +8,7 @@
 //      (rowwise, colwise / transposed), block scales, scale_inv, amax (bits);
 //   4. dbias (backward with a workspace) against a float64 host sum, and bit-identical when the
 //      grid is capped (another summation schedule) and on a second run;
-//   5. the amax passes (q.mode == NO_SCALING, only amax [and dbias]).
+//   5. the amax passes (q.emit == AMAX_PASS, only amax [and dbias]).
 // Also: load_only for every (activation, dtype, mode), and CUDA graph capture of quantizing
 // launches after a load_only pass (as the Initialize stage does). It is meant to be run on the GPU,
 // also under compute-sanitizer (use --quick there). `--bench` times the kernels on 1 GiB operands
@@ -373,11 +373,10 @@ void run_case(const TestSpec& s) {
     o.scale.upload(scale_in);
 
     QuantOutput q{};
-    q.mode = s.mode == QM::DELAYED   ? ScalingMode::DELAYED_TENSOR_SCALING
-             : s.mode == QM::CURRENT ? ScalingMode::CURRENT_TENSOR_SCALING
-             : s.mode == QM::MX      ? ScalingMode::MXFP8_1D_SCALING
-             : s.mode == QM::NVFP4   ? ScalingMode::NVFP4_1D_SCALING
-                                     : ScalingMode::NO_SCALING;
+    q.emit = s.mode == QM::AMAX    ? QuantEmit::AMAX_PASS
+             : s.mode == QM::MX    ? QuantEmit::MXFP8
+             : s.mode == QM::NVFP4 ? QuantEmit::NVFP4
+                                   : QuantEmit::TENSOR;
     q.qtype = s.qtype;
     q.batches = B;
     q.scale = (tensor || nvfp4) ? o.scale.ptr : nullptr;
@@ -514,7 +513,7 @@ void test_graph() {
 
   ActLuProblem pa{DType::BF16, ActivationEnum::SWIGLU, ActParams{}, M, H, x.ptr, nullptr, nullptr};
   pa.quantized = true;
-  pa.q.mode = ScalingMode::MXFP8_1D_SCALING;
+  pa.q.emit = QuantEmit::MXFP8;
   pa.q.batches = B;
   pa.q.data = d1.ptr;
   pa.q.colwise = c1.ptr;
@@ -534,7 +533,7 @@ void test_graph() {
   pd.batches = B;
   pd.groups = G;
   pd.quantized = true;
-  pd.q.mode = ScalingMode::DELAYED_TENSOR_SCALING;
+  pd.q.emit = QuantEmit::TENSOR;
   pd.q.qtype = QType::E5M2;
   pd.q.batches = B;
   pd.q.scale = scale.ptr;
@@ -582,20 +581,19 @@ void test_graph() {
 // load_only (the Initialize stage) for every activation, dtype and mode.
 void test_load_only() {
   Case c;
-  const ScalingMode modes[] = {ScalingMode::DELAYED_TENSOR_SCALING,
-                               ScalingMode::CURRENT_TENSOR_SCALING, ScalingMode::MXFP8_1D_SCALING,
-                               ScalingMode::NVFP4_1D_SCALING, ScalingMode::NO_SCALING};
+  const QuantEmit emits[] = {QuantEmit::TENSOR, QuantEmit::MXFP8, QuantEmit::NVFP4,
+                             QuantEmit::AMAX_PASS};
   cuda::LaunchConfig load;
   load.load_only = true;
   for (int e = 0; e <= 14; ++e) {
     const auto act = e == 14 ? ActivationEnum::IDENTITY : static_cast<ActivationEnum>(e);
     for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
-      for (ScalingMode m : modes) {
+      for (QuantEmit m : emits) {
         ActLuProblem pa{dt, act, ActParams{}, 1, 32, nullptr, nullptr, nullptr};
         pa.quantized = true;
-        pa.q.mode = m;
+        pa.q.emit = m;
         if (cuda::launch_act_lu(pa, 0, load) != cudaSuccess) {
-          fail(std::string("load_only act ") + act_name(act) + " mode " + scaling_mode_name(m));
+          fail(std::string("load_only act ") + act_name(act) + " emit " + quant_emit_name(m));
         }
         if (act == ActivationEnum::IDENTITY) continue;
         DActProblem pd{};
@@ -603,11 +601,11 @@ void test_load_only() {
         pd.act = act;
         pd.act_len = is_gated(act) ? 2 : 1;
         pd.quantized = true;
-        pd.q.mode = m;
+        pd.q.emit = m;
         float dummy;
         pd.dbias = &dummy;
         if (cuda::launch_dact_dbias(pd, 0, load) != cudaSuccess) {
-          fail(std::string("load_only dact ") + act_name(act) + " mode " + scaling_mode_name(m));
+          fail(std::string("load_only dact ") + act_name(act) + " emit " + quant_emit_name(m));
         }
       }
     }
@@ -774,7 +772,7 @@ void bench() {
   };
   auto q_for = [&](ScalingMode m, bool row, bool colw, QType qt = QType::E4M3) {
     QuantOutput q{};
-    q.mode = m;
+    q.emit = quant_emit(m);
     q.qtype = qt;
     q.batches = 1;
     const bool tensor =

@@ -35,9 +35,10 @@ def _kernel(x, act, params, output_amax):
         empty,  # colwise_output, scale_inv, colwise_scale_inv: quantized modes only
         empty,
         empty,
-        jax.ShapeDtypeStruct((1,) if output_amax else (0,), f32),  # updated_amax
+        jax.ShapeDtypeStruct((1,) if output_amax else (0,), f32),  # amax
+        empty,  # global_scale_inv: NVFP4 only
     ]
-    y, _, _, _, amax = base.ffi_call(
+    y, _, _, _, amax, _ = base.ffi_call(
         TARGET,
         results,
         x,

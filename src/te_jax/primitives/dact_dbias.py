@@ -81,7 +81,8 @@ def _ffi_results(x, act, is_dbias, n_batch, output_amax) -> list[jax.ShapeDtypeS
         empty,  # colwise_output, scale_inv, colwise_scale_inv: quantized modes only
         empty,
         empty,
-        sds((1,) if output_amax else (0,), f32),  # updated_amax
+        sds((1,) if output_amax else (0,), f32),  # amax
+        empty,  # global_scale_inv: NVFP4 only
         dbias,
         workspace,
     ]
@@ -103,7 +104,7 @@ def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_works
         if output_amax:
             outs.append(jnp.zeros((1,), jnp.float32))
         return outs
-    dx, _, _, _, amax, dbias, workspace = base.ffi_call(
+    dx, _, _, _, amax, _, dbias, workspace = base.ffi_call(
         TARGET,
         _ffi_results(x, act, is_dbias, n_batch, output_amax),
         dz,

@@ -168,7 +168,7 @@ def _result_avals(kind, cfg: QuantConfig, is_dbias, g: Geometry, dtype) -> dict:
 
 def _ffi_results(cfg: QuantConfig, g: Geometry) -> list[jax.ShapeDtypeStruct]:
     """Result buffers of the quantizing call: output, colwise_output, scale_inv,
-    colwise_scale_inv, updated_amax (flattened; empty where not produced)."""
+    colwise_scale_inv, amax, global_scale_inv (flattened; empty where not produced)."""
     m, n, b, bs = g.m, g.n, g.b, cfg.block
     sds = jax.ShapeDtypeStruct
     empty = sds((0,), _U8)
@@ -187,9 +187,8 @@ def _ffi_results(cfg: QuantConfig, g: Geometry) -> list[jax.ShapeDtypeStruct]:
         out.append(sds((m, n // bs), cfg.block_scale_dtype) if row else empty)
         out.append(sds((m // bs, n), cfg.block_scale_dtype) if col else empty)
     delayed = cfg.mode == ScalingMode.DELAYED_TENSOR_SCALING
-    # The per-batch float32 slot: DELAYED's amax, NVFP4's global_scale_inv (1 / S).
-    per_batch = delayed or nvfp4
-    out.append(sds((b,), _F32) if per_batch else sds((0,), _F32))
+    out.append(sds((b,) if delayed else (0,), _F32))  # amax
+    out.append(sds((b,) if nvfp4 else (0,), _F32))  # global_scale_inv (1 / S)
     return out
 
 
@@ -244,7 +243,7 @@ def _amax_pass(kind, act, params, is_dbias, g: Geometry, operands):
 
 
 def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scale=None, amax=None):
-    """The quantizing call: ``(5 quantized buffers, dbias or None, workspace)``. DELAYED reads
+    """The quantizing call: ``(6 quantized buffers, dbias or None, workspace)``. DELAYED reads
     ``scale``, CURRENT and NVFP4 ``amax`` (float32, one per batch); the other is a placeholder."""
     unused = jnp.zeros((1,), jnp.float32)
     scale = unused if scale is None else scale
@@ -263,7 +262,7 @@ def _quantize_pass(kind, act, params, cfg, is_dbias, g: Geometry, operands, scal
             **_act_attrs(act, params),
             **_quant_attrs(cfg),
         )
-        return outs[:5], (outs[5] if is_dbias else None), outs[6]
+        return outs[:6], (outs[6] if is_dbias else None), outs[7]
     (x,) = operands
     if kind == "quantize":
         outs = base.ffi_call(
@@ -310,7 +309,7 @@ def _kernel(
         bufs, _, _ = _quantize_pass(kind, act, params, cfg, False, g, operands, amax=amax)
         res["amax"] = amax
         if cfg.mode == ScalingMode.NVFP4_1D_SCALING:
-            res["global_scale_inv"] = bufs[4]
+            res["global_scale_inv"] = bufs[5]
     else:
         s = scale.reshape(g.b).astype(jnp.float32)
         bufs, dbias, workspace = _quantize_pass(kind, act, params, cfg, is_dbias, g, operands, s)
@@ -318,7 +317,7 @@ def _kernel(
             res["amax"] = bufs[4]
             if reduce_amax is not None:
                 res["amax"] = reduce_amax(res["amax"])
-    data, colwise, scale_inv, colwise_scale_inv, _ = bufs
+    data, colwise, scale_inv, colwise_scale_inv, _, _ = bufs
     if "data" in avals:
         res["data"] = data
     if "colwise_data" in avals:
