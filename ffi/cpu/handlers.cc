@@ -1,8 +1,8 @@
 // XLA FFI execute handlers of the CPU targets: decode and validate (common/problem.h), then run
 // the loops of kernels.cc on the FFI thread pool.
-#include "common/bindings.h"
-#include "common/problem.h"
-#include "cpu/kernels.h"
+#include "activation/targets.h"
+#include "activation/problem.h"
+#include "activation/cpu/kernels.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace te_jax::cpu {

@@ -14,9 +14,9 @@
 #include <string>
 #include <type_traits>
 
-#include "common/bindings.h"
-#include "common/problem.h"
-#include "cuda/launch.h"
+#include "activation/targets.h"
+#include "activation/problem.h"
+#include "activation/cuda/launch.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;

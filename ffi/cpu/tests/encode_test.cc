@@ -41,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu/encode.h"
+#include "activation/cpu/encode.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "common/activations.h"
-#include "common/problem.h"
-#include "cuda/launch.h"
+#include "activation/activations.h"
+#include "activation/problem.h"
+#include "activation/cuda/launch.h"
 #include "cuda/tests/check_cuda.h"
 
 namespace te_jax_test {

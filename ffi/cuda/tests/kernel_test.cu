@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/math.h"
-#include "common/problem.h"
-#include "cuda/launch.h"
+#include "activation/problem.h"
+#include "activation/cuda/launch.h"
 #include "cuda/tests/harness.cuh"
 
 using namespace te_jax;

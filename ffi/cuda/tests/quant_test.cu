@@ -30,10 +30,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
-#include "common/problem.h"
-#include "cuda/launch.h"
+#include "activation/problem.h"
+#include "activation/cuda/launch.h"
 #include "cuda/tests/harness.cuh"
 
 using namespace te_jax;

@@ -27,14 +27,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
-#include "common/problem.h"
-#include "cpu/encode.h"
-#include "cpu/kernels.h"
-#include "cpu/loops.h"
+#include "activation/problem.h"
+#include "activation/cpu/encode.h"
+#include "activation/cpu/kernels.h"
+#include "activation/cpu/loops.h"
 #include "cpu/parallel.h"
-#include "cpu/transpose.h"
+#include "activation/cpu/transpose.h"
 
 namespace te_jax::cpu {
 namespace {

@@ -38,8 +38,8 @@
 #include <sstream>
 #include <string>
 
-#include "common/activations.h"
-#include "common/attrs.h"
+#include "activation/activations.h"
+#include "common/scaling.h"
 #include "common/formats.h"
 #include "xla/ffi/api/ffi.h"
 

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace te_jax {

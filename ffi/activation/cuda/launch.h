@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "common/problem.h"
+#include "activation/problem.h"
 
 namespace te_jax::cuda {
 

@@ -29,10 +29,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/activations.h"
-#include "common/problem.h"
+#include "activation/activations.h"
+#include "activation/problem.h"
 #include "cuda/device_utils.cuh"
-#include "cuda/launch.h"
+#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 namespace {

@@ -24,7 +24,7 @@
 
 #include "common/formats.h"
 #include "common/host_math.h"
-#include "cpu/loops.h"
+#include "activation/cpu/loops.h"
 
 namespace te_jax::cpu {
 namespace {

@@ -26,7 +26,7 @@
 
 #include <utility>
 
-#include "common/attrs.h"
+#include "common/scaling.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace te_jax {

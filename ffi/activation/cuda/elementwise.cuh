@@ -26,12 +26,12 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
-#include "common/problem.h"
+#include "activation/problem.h"
 #include "cuda/device_utils.cuh"
 #include "cuda/fp8_codes.cuh"
-#include "cuda/launch.h"
+#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 

@@ -11,7 +11,7 @@
 // Rows are split over `pool` (may be nullptr: everything runs on the calling thread).
 #pragma once
 
-#include "common/problem.h"
+#include "activation/problem.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace te_jax::cpu {
