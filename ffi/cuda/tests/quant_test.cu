@@ -941,7 +941,7 @@ int main(int argc, char** argv) {
                       act == ActivationEnum::IDENTITY || act == ActivationEnum::CLAMPED_SWIGLU ||
                       !only.empty();
     run_matrix<__nv_bfloat16>(act, full);
-    if (!g_quick && (full || e % 3 == 0)) {
+    if (!g_quick && (full || static_cast<int64_t>(act) % 3 == 0)) {
       run_matrix<float>(act, full);
       run_matrix<__half>(act, full);
     }
