@@ -1,4 +1,4 @@
-// float32 <-> FP8 / FP4 codes (SPEC.md sections 3-4), one definition for host and device.
+// float32 <-> FP8 / FP4 codes (docs/numerics.md §3-§4), one definition for host and device.
 //
 // Encoding (to_*): round to nearest, ties to even, saturating: |v| beyond the format's max,
 // +-inf included, gives +-max, i.e. the bits of ml_dtypes' cast of clip(v, -max, max). For |v| at
@@ -316,7 +316,7 @@ TE_HD float div_exact(float x) {
   return b::select(tiny, b::to_float(q + up), x / static_cast<float>(C));
 }
 
-// ---- tensor scales (SPEC.md section 4) --------------------------------------------------------
+// ---- tensor scales (docs/numerics.md §4) -----------------------------------------------------
 
 namespace detail {
 

@@ -1,4 +1,4 @@
-// Host/device qualifiers shared by every header in ffi/common.
+// Host/device qualifiers of the headers whose code runs on both (common/, activations.h).
 #pragma once
 
 #if defined(__CUDACC__)

@@ -1,8 +1,8 @@
 // Transcendental functions used by activations.h, for host and device.
 //
 // Device code uses the hardware exp2 approximation (erf, sigmoid, exp below), with errors far
-// inside SPEC.md §7 and measured by ffi/cuda/tests/kernel_test. Host code uses the definitions in
-// host_math.h, written so that loops over contiguous float arrays vectorise (no calls into libm,
+// inside docs/numerics.md §7 and measured by ffi/cuda/tests/kernel_test. Host code uses the
+// definitions in host_math.h, written so that loops over contiguous float arrays vectorise (no calls into libm,
 // no data-dependent branches).
 #pragma once
 
@@ -34,7 +34,7 @@ TE_HD float exp(float x) {
 // between two ranges and branched to exp2 for |x| >= 1, which diverged in most warps: the exact
 // GeGLU forward ran at 0.94x XLA's fusion on the H100 (48.6 instructions per element against
 // XLA's 39.8, docs/performance.md). Only GELU-erf uses it, as 0.5 * (1 + erf(x / sqrt 2)), where
-// SPEC.md §7 allows 2e-5.
+// docs/numerics.md §7 allows 2e-5.
 TE_HD float erf(float x) {
 #if defined(__CUDA_ARCH__)
   // Q0..Q7, as tools/fit_host_math.py prints them (kErfDevice).
@@ -56,9 +56,9 @@ TE_HD float erf(float x) {
 // On the device both steps are the hardware approximations: __expf (ex2.approx of x * log2(e))
 // and __fdividef (rcp.approx, then a multiply). The relative error is a few float32 ulps plus
 // about 2|x| ulps from rounding x * log2(e) (kernel_test measures it against float64 over the
-// whole range), far inside SPEC.md §7's 1e-5. The correctly rounded pair (expf, __frcp_rn) was
-// measured on the H100 to make GELU-based kernels instruction-bound: act_lu GELU + delayed FP8
-// reached 0.69 of copy bandwidth with it and 0.94 with this (docs/performance.md).
+// whole range), far inside docs/numerics.md §7's 1e-5. The correctly rounded pair
+// (expf, __frcp_rn) makes the GELU-based kernels instruction-bound on the H100
+// (docs/performance.md).
 TE_HD float sigmoid(float x) {
 #if defined(__CUDA_ARCH__)
   return __fdividef(1.0f, 1.0f + __expf(-x));

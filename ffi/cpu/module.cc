@@ -1,35 +1,34 @@
-// The _te_jax_cpu extension module: the CPU FFI handlers as PyCapsules, for
-// jax.ffi.register_ffi_target(name, capsule, platform="cpu").
+// The _te_jax_cpu extension module and the CPU registration table: every op family's targets, each
+// with its execute handler, for jax.ffi.register_ffi_target(name, capsule, platform="cpu").
 #include <nanobind/nanobind.h>
 
-#include "xla/ffi/api/c_api.h"
+#include "activation/cpu/run.h"
+#include "activation/targets.h"
+#include "common/handler.h"
+#include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
 
-namespace te_jax::cpu {
-// Defined in handlers.cc.
-XLA_FFI_Handler* act_lu_handler();
-XLA_FFI_Handler* dact_dbias_handler();
-XLA_FFI_Handler* quantize_handler();
-XLA_FFI_Handler* act_amax_handler();
-XLA_FFI_Handler* dact_amax_handler();
-}  // namespace te_jax::cpu
+namespace {
+
+// d[name] = the execute handler's capsule, for each target of a family on its CPU backend.
+template <class Backend, class... Targets>
+void add_targets(nb::dict& d, te_jax::TargetList<Targets...>) {
+  constexpr auto kExecute = xla::ffi::ExecutionStage::kExecute;
+  ((d[Targets::kName] =
+        nb::capsule(reinterpret_cast<void*>(&te_jax::handler<Targets, Backend, kExecute>))),
+   ...);
+}
+
+}  // namespace
 
 NB_MODULE(_te_jax_cpu, m) {
   m.doc() = "te_jax CPU kernels (XLA FFI handlers)";
   m.def(
       "registrations",
       [] {
-        namespace tc = te_jax::cpu;
-        const auto capsule = [](XLA_FFI_Handler* h) {
-          return nb::capsule(reinterpret_cast<void*>(h));
-        };
         nb::dict d;
-        d["te_jax_act_lu"] = capsule(tc::act_lu_handler());
-        d["te_jax_dact_dbias_quantize"] = capsule(tc::dact_dbias_handler());
-        d["te_jax_quantize"] = capsule(tc::quantize_handler());
-        d["te_jax_act_amax"] = capsule(tc::act_amax_handler());
-        d["te_jax_dact_dbias_amax"] = capsule(tc::dact_amax_handler());
+        add_targets<te_jax::cpu::ActivationBackend>(d, te_jax::activation::Targets{});
         return d;
       },
       "{target name: PyCapsule of its XLA FFI execute handler} for platform \"cpu\".");

@@ -140,8 +140,8 @@ __device__ __forceinline__ void to_float(const Pack<T, N>& p, float (&f)[N]) {
   }
 }
 
-// float32 values -> Pack, rounded to nearest even (one rounding, SPEC.md). `r` receives the
-// rounded values back in float32 (what amax is taken over).
+// float32 values -> Pack, rounded to nearest even (one rounding, docs/numerics.md). `r` receives
+// the rounded values back in float32 (what amax is taken over).
 template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> from_float(const float (&f)[N], float (&r)[N]) {
   Pack<T, N> p;

@@ -1,4 +1,4 @@
-// Checks ffi/cpu/encode.h (the CPU loops' float32 -> FP8 / FP4 encoders) against
+// Checks ffi/activation/cpu/encode.h (the CPU loops' float32 -> FP8 / FP4 encoders) against
 // common/formats.h, bit for bit, with the FPU in IEEE mode and with FTZ + DAZ set (as XLA's CPU
 // threads run; x86 only):
 //   encode   enc::encode_scaled<Fmt>(v, s = 1) and enc::Codes<Fmt>::of(v) against fmt::to_e4m3 /
@@ -41,7 +41,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu/encode.h"
+#include "activation/cpu/encode.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>

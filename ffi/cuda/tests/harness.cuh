@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "common/activations.h"
-#include "common/problem.h"
-#include "cuda/launch.h"
+#include "activation/activations.h"
+#include "activation/problem.h"
+#include "activation/cuda/launch.h"
 #include "cuda/tests/check_cuda.h"
 
 namespace te_jax_test {
@@ -42,7 +42,7 @@ struct Case {
   }
 };
 
-// Host-side dtype traits; kTol is SPEC.md section 7's tolerance.
+// Host-side dtype traits; kTol is docs/numerics.md §7's tolerance.
 template <typename T> struct DT;
 template <> struct DT<float> {
   static constexpr DType kType = DType::F32;
@@ -133,13 +133,6 @@ bool replay_in_graph(cudaStream_t s, Enqueue enqueue, const std::string& tag) {
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   CHECK_CUDA(cudaGraphDestroy(graph));
   return true;
-}
-
-inline const char* act_name(ActivationEnum e) {
-  static const char* names[] = {"GELU",  "GEGLU",  "GLU",    "SILU",   "SWIGLU",
-                                "RELU",  "REGLU",  "QGELU",  "QGEGLU", "SRELU",
-                                "SREGLU", "CLAMPED_SWIGLU", "GELU_EXACT", "GEGLU_EXACT"};
-  return e == ActivationEnum::IDENTITY ? "IDENTITY" : names[static_cast<int>(e)];
 }
 
 }  // namespace te_jax_test

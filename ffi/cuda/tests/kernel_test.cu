@@ -1,8 +1,9 @@
 // Standalone test of the te_jax CUDA kernels, without XLA or Python: drives launch_act_lu and
-// launch_dact_dbias (ffi/cuda/launch.h) directly, for every activation and dtype, and checks
+// launch_dact_dbias (ffi/activation/cuda/launch.h) directly, for every activation and dtype, and
+// checks
 //   - every output element is written (outputs are poisoned with NaN bytes first),
 //   - values against a host reference (the same activations.h formulas in float on the host;
-//     dbias summed in double), to SPEC.md section 7's tolerances,
+//     dbias summed in double), to docs/numerics.md §7's tolerances,
 //   - amax: bit-equal to max|output| over the device's own outputs; NaN in -> NaN out,
 //   - dbias: bit-identical across repeated runs and grid sizes (max_blocks), and equal to the scalar
 //     path's result (misaligned copy of the same data); rows == 0 gives zeros,
@@ -26,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/math.h"
-#include "common/problem.h"
-#include "cuda/launch.h"
+#include "activation/problem.h"
+#include "activation/cuda/launch.h"
 #include "cuda/tests/harness.cuh"
 
 using namespace te_jax;
@@ -74,7 +75,7 @@ float read_amax(float* d) {
 template <typename Spec, typename T>
 void test_act_lu(ActivationEnum act, int64_t rows, int64_t H, int misalign, bool inject_nan) {
   constexpr int L = Spec::kActLen;
-  const std::string tag = std::string("act_lu ") + act_name(act) + " " + DT<T>::kName + " rows=" +
+  const std::string tag = std::string("act_lu ") + activation_name(act) + " " + DT<T>::kName + " rows=" +
                           std::to_string(rows) + " H=" + std::to_string(H) +
                           (misalign ? " misaligned" : "") + (inject_nan ? " nan" : "");
   const size_t nx = rows * L * H, ny = rows * H;
@@ -152,7 +153,7 @@ template <typename Spec, typename T>
 void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int64_t groups,
                int misalign, bool with_dbias) {
   constexpr int L = Spec::kActLen;
-  const std::string tag = std::string(with_dbias ? "dact_dbias " : "dact ") + act_name(act) + " " +
+  const std::string tag = std::string(with_dbias ? "dact_dbias " : "dact ") + activation_name(act) + " " +
                           DT<T>::kName + " rows=" + std::to_string(rows) + " H=" +
                           std::to_string(H) +
                           (with_dbias ? " batches=" + std::to_string(batches) +
@@ -295,7 +296,7 @@ template <typename Spec, typename T>
 void test_graph(ActivationEnum act) {
   constexpr int L = Spec::kActLen;
   const int64_t rows = 96, H = 256, batches = 2, groups = 3, n = L * H;
-  const std::string tag = std::string("graph ") + act_name(act) + " " + DT<T>::kName;
+  const std::string tag = std::string("graph ") + activation_name(act) + " " + DT<T>::kName;
   std::vector<T> hx = random_vec<T>(rows * L * H, -8.0f, 8.0f);
   std::vector<T> hz = random_vec<T>(rows * H, -2.0f, 2.0f);
   DevBuf<T> x(hx.size(), 0), dz(hz.size(), 0), y(rows * H, 0), dx(hx.size(), 0),
@@ -376,12 +377,12 @@ void run_all(ActivationEnum act) {
     Case c;
     if (cuda::launch_act_lu(pa, 0, load) != cudaSuccess ||
         cuda::launch_dact_dbias(pd, 0, load) != cudaSuccess) {
-      fail(std::string("load_only ") + act_name(act) + " " + DT<T>::kName);
+      fail(std::string("load_only ") + activation_name(act) + " " + DT<T>::kName);
     }
     float dummy;
     pd.dbias = &dummy;  // only its non-nullness matters with load_only
     if (cuda::launch_dact_dbias(pd, 0, load) != cudaSuccess) {
-      fail(std::string("load_only dbias ") + act_name(act) + " " + DT<T>::kName);
+      fail(std::string("load_only dbias ") + activation_name(act) + " " + DT<T>::kName);
     }
   }
   std::vector<Shape> shapes = {{21, 33, 0}, {1, 1, 0},  {5, 8, 0},   {3, 64, 0},   {9, 64, 1},
@@ -521,16 +522,16 @@ int main(int argc, char** argv) {
     test_sigmoid_accuracy();
     test_erf_accuracy();
   }
-  for (int e = 0; e <= 13; ++e) {
-    const auto act = static_cast<ActivationEnum>(e);
-    if (!only.empty() && only != act_name(act)) continue;
+  for (const ActivationEnum act : kActivations) {
+    if (act == ActivationEnum::IDENTITY) continue;
+    if (!only.empty() && only != activation_name(act)) continue;
     with_activation(act, [&](auto spec) {
       using Spec = decltype(spec);
       run_all<Spec, float>(act);
       run_all<Spec, __nv_bfloat16>(act);
       run_all<Spec, __half>(act);
     });
-    std::printf("%-15s done (%d cases, %d failed so far)\n", act_name(act), g_checks,
+    std::printf("%-15s done (%d cases, %d failed so far)\n", activation_name(act), g_checks,
                 g_failed_checks);
   }
   std::printf("%d passed, %d failed\n", g_checks - g_failed_checks, g_failed_checks);

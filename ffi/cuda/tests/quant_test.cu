@@ -30,10 +30,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
-#include "common/problem.h"
-#include "cuda/launch.h"
+#include "activation/problem.h"
+#include "activation/cuda/launch.h"
 #include "cuda/tests/harness.cuh"
 
 using namespace te_jax;
@@ -70,7 +70,7 @@ struct TestSpec {
 std::string describe(const TestSpec& s, const char* dtype) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s %s %s %s %s%s%s M=%lld H=%lld b=%lld g=%lld%s%s",
-                s.bwd ? "dact" : "act", act_name(s.act), dtype, qm_name(s.mode),
+                s.bwd ? "dact" : "act", activation_name(s.act), dtype, qm_name(s.mode),
                 s.qtype == QType::E4M3 ? "e4m3" : (s.qtype == QType::E5M2 ? "e5m2" : "e2m1"),
                 s.row ? " row" : "", s.col ? " col" : "", (long long)s.M, (long long)s.H,
                 (long long)s.batches, (long long)s.groups, s.misalign ? " misaligned" : "",
@@ -585,15 +585,14 @@ void test_load_only() {
                              QuantEmit::AMAX_PASS};
   cuda::LaunchConfig load;
   load.load_only = true;
-  for (int e = 0; e <= 14; ++e) {
-    const auto act = e == 14 ? ActivationEnum::IDENTITY : static_cast<ActivationEnum>(e);
+  for (const ActivationEnum act : kActivations) {
     for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
       for (QuantEmit m : emits) {
         ActLuProblem pa{dt, act, ActParams{}, 1, 32, nullptr, nullptr, nullptr};
         pa.quantized = true;
         pa.q.emit = m;
         if (cuda::launch_act_lu(pa, 0, load) != cudaSuccess) {
-          fail(std::string("load_only act ") + act_name(act) + " emit " + quant_emit_name(m));
+          fail(std::string("load_only act ") + activation_name(act) + " emit " + quant_emit_name(m));
         }
         if (act == ActivationEnum::IDENTITY) continue;
         DActProblem pd{};
@@ -605,7 +604,7 @@ void test_load_only() {
         float dummy;
         pd.dbias = &dummy;
         if (cuda::launch_dact_dbias(pd, 0, load) != cudaSuccess) {
-          fail(std::string("load_only dact ") + act_name(act) + " emit " + quant_emit_name(m));
+          fail(std::string("load_only dact ") + activation_name(act) + " emit " + quant_emit_name(m));
         }
       }
     }
@@ -771,22 +770,21 @@ void bench() {
     return ms;
   };
   auto q_for = [&](ScalingMode m, bool row, bool colw, QType qt = QType::E4M3) {
+    // As decode_quant_output sets it up (the two-pass modes' second pass derives its scale from
+    // the amax).
+    const ScalingModeInfo& info = *scaling_mode_info(m);
     QuantOutput q{};
-    q.emit = quant_emit(m);
+    q.emit = info.emit;
     q.qtype = qt;
     q.batches = 1;
-    const bool tensor =
-        m == ScalingMode::DELAYED_TENSOR_SCALING || m == ScalingMode::CURRENT_TENSOR_SCALING;
-    if (tensor || m == ScalingMode::NVFP4_1D_SCALING) q.scale = scale.ptr;
-    // The two-pass modes' second pass derives its scale from the amax, as the handlers set up.
-    if (m == ScalingMode::CURRENT_TENSOR_SCALING) q.scale_numerator = fmt::E4M3::kMax;
-    if (m == ScalingMode::NVFP4_1D_SCALING) q.scale_numerator = fmt::kNvfp4GlobalQ;
+    if (info.reads != BatchInput::NONE) q.scale = scale.ptr;
+    q.scale_numerator = scale_numerator(info, qt);
     if (row) q.data = out.ptr;
     if (colw) q.colwise = col.ptr;
-    if (tensor || m == ScalingMode::NVFP4_1D_SCALING) q.scale_inv = scale_inv.ptr;
-    if (!tensor && row) q.block_scale = s1.ptr;
-    if (!tensor && colw) q.colwise_block_scale = s2.ptr;
-    if (m == ScalingMode::DELAYED_TENSOR_SCALING) q.amax = amax.ptr;
+    if (info.block == 0 || info.writes_global_scale_inv) q.scale_inv = scale_inv.ptr;
+    if (info.block != 0 && row) q.block_scale = s1.ptr;
+    if (info.block != 0 && colw) q.colwise_block_scale = s2.ptr;
+    if (info.writes_amax) q.amax = amax.ptr;
     return q;
   };
   auto fwd = [&](ActivationEnum act, QuantOutput q, bool quantized = true) {
@@ -935,20 +933,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (only.empty()) test_load_only();
-  for (int e = 0; e <= 14; ++e) {
-    const auto act = e == 14 ? ActivationEnum::IDENTITY : static_cast<ActivationEnum>(e);
-    if (!only.empty() && only != act_name(act)) continue;
+  for (const ActivationEnum act : kActivations) {
+    if (!only.empty() && only != activation_name(act)) continue;
     // The full matrix for a few activations; every activation in its forward and backward at
     // bf16, and float32 / float16 on a subset.
     const bool full = act == ActivationEnum::GELU || act == ActivationEnum::SWIGLU ||
                       act == ActivationEnum::IDENTITY || act == ActivationEnum::CLAMPED_SWIGLU ||
                       !only.empty();
     run_matrix<__nv_bfloat16>(act, full);
-    if (!g_quick && (full || e % 3 == 0)) {
+    if (!g_quick && (full || static_cast<int64_t>(act) % 3 == 0)) {
       run_matrix<float>(act, full);
       run_matrix<__half>(act, full);
     }
-    std::printf("%-15s done (%d cases, %d failed so far)\n", act_name(act), g_checks,
+    std::printf("%-15s done (%d cases, %d failed so far)\n", activation_name(act), g_checks,
                 g_failed_checks);
   }
   if (only.empty()) test_graph();

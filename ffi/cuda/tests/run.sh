@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs the standalone CUDA kernel tests on a machine with a GPU:
 #   kernel_test  the NO_SCALING kernels (act_lu, dact, dact + dbias)
-#   quant_test   the quantizing kernels (quantize.cuh: tensor / MXFP8 / NVFP4 outputs, the amax
-#                passes), bit for bit against a host reference
+#   quant_test   the quantizing kernels (activation/cuda/quantize.cuh: tensor / MXFP8 / NVFP4
+#                outputs, the amax passes), bit for bit against a host reference
 # then the quick variants under compute-sanitizer (memcheck, racecheck, initcheck, synccheck).
 #
 #   bash ffi/cuda/tests/run.sh              # build, full tests, sanitizers
@@ -33,7 +33,7 @@ if [ "${SKIP_BUILD:-0}" = 0 ]; then
   t0=$(date +%s)
   pids=()
   for src in "${KERNELS[@]}"; do
-    nvcc "${FLAGS[@]}" -c "$ROOT/ffi/cuda/$src.cu" -o "$BUILD/$src.o" &
+    nvcc "${FLAGS[@]}" -c "$ROOT/ffi/activation/cuda/$src.cu" -o "$BUILD/$src.o" &
     pids+=($!)
   done
   for t in "${TESTS[@]}"; do

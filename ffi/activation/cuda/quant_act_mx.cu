@@ -1,6 +1,6 @@
 // act_lu / quantize on CUDA, generic path: MXFP8_1D_SCALING. One instantiation of quantize.cuh's
 // kernel per (activation, dtype); one translation unit per mode so they compile in parallel.
-#include "cuda/quantize.cuh"
+#include "activation/cuda/quantize.cuh"
 
 namespace te_jax::cuda {
 

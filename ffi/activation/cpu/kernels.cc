@@ -8,17 +8,17 @@
 // one is picked once, at load time) since wheels are built for the baseline ISA. Work is split
 // over the FFI thread pool in chunks of rows (parallel.h); dbias uses one task per
 // (batch, row group), fixed by the workspace shape, so its bits never depend on the threads.
-#include "cpu/kernels.h"
+#include "activation/cpu/kernels.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/host_math.h"
 #include "common/macros.h"
-#include "cpu/loops.h"
+#include "activation/cpu/loops.h"
 #include "cpu/parallel.h"
 
 namespace te_jax::cpu {

@@ -53,13 +53,13 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
-#include "common/problem.h"
+#include "activation/problem.h"
 #include "cuda/device_utils.cuh"
-#include "cuda/elementwise.cuh"
+#include "activation/cuda/elementwise.cuh"
 #include "cuda/fp8_codes.cuh"
-#include "cuda/launch.h"
+#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 

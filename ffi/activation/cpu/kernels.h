@@ -1,9 +1,10 @@
-// CPU loops of the te_jax FFI targets (see ffi/common/problem.h for the problems' layout).
+// CPU loops of the activation family's targets (see activation/problem.h for the problems'
+// layout), called by its CPU backend (run.h).
 //
 // act_lu      y = act(x) (gated: act(x[r, 0, :]) * lin(x[r, 1, :])), rounded once to x's dtype;
 //             with p.amax, also max|y| over the rounded outputs as float32 (NaN if any is NaN).
-// dact_dbias  dx = act'(x) * dz (gated: dA and dB, SPEC.md §1), rounded once to x's dtype;
-//             with p.dbias, dbias[b] = the float32 sum over batch b's rows of the unrounded dx,
+// dact_dbias  dx = act'(x) * dz (gated: dA and dB, docs/numerics.md §1), rounded once to x's
+//             dtype; with p.dbias, dbias[b] = the float32 sum over batch b's rows of the unrounded dx,
 //             computed as per-(batch, row group) partial sums in p.workspace, then summed over the
 //             groups in order: bit-identical whatever the number of threads or the scheduling;
 //             with p.amax, max|dx| over the rounded dx.
@@ -11,7 +12,7 @@
 // Rows are split over `pool` (may be nullptr: everything runs on the calling thread).
 #pragma once
 
-#include "common/problem.h"
+#include "activation/problem.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace te_jax::cpu {

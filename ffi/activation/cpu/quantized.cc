@@ -1,6 +1,6 @@
 // CPU generic path: the scaled modes of te_jax_act_lu / te_jax_quantize /
 // te_jax_dact_dbias_quantize, and the amax passes (te_jax_act_amax, te_jax_dact_dbias_amax).
-// Layouts and formulas: ffi/common/problem.h and SPEC.md §4-§5.
+// Layouts and formulas: activation/problem.h and docs/numerics.md §4-§5.
 //
 // The output y [M, N] (N = act_len * H) is produced in tiles of kTileRows rows x kTileCols
 // columns of each half (one row x kRowCols columns when no colwise layout is wanted; see
@@ -27,14 +27,14 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
-#include "common/problem.h"
-#include "cpu/encode.h"
-#include "cpu/kernels.h"
-#include "cpu/loops.h"
+#include "activation/problem.h"
+#include "activation/cpu/encode.h"
+#include "activation/cpu/kernels.h"
+#include "activation/cpu/loops.h"
 #include "cpu/parallel.h"
-#include "cpu/transpose.h"
+#include "activation/cpu/transpose.h"
 
 namespace te_jax::cpu {
 namespace {
@@ -44,10 +44,8 @@ using namespace loops;
 
 // Tile shapes (multiples of kVec and of both block sizes). A whole tile is kTileRows x kTileCols;
 // without a colwise layout a unit is one row of kRowCols columns (see Tasks). Wide whole tiles
-// make longer runs along each of their 32 rows: 4x wider than 256 columns made the colwise
-// layouts 1.2-2.2x faster (one thread, 1024 x 4096 bfloat16: swiglu MXFP8 2x 21.7 -> 9.6 ms,
-// quantize MXFP8 colwise 6.5 -> 4.2 ms, NVFP4 2x 12.9 -> 8.4 ms), while 1024-column row units
-// were slower than 256-column ones (swiglu dact + dbias, delayed: 11.5 vs 10.1 ms).
+// make longer runs along each of their 32 rows, which made the colwise layouts faster than
+// 256-column tiles, while 1024-column row units were slower than 256-column ones.
 constexpr int64_t kTileRows = 32;    // one MXFP8 colwise block, two NVFP4 ones
 constexpr int64_t kTileCols = 1024;  // the tile buffer's width
 constexpr int64_t kRowCols = 256;
@@ -273,9 +271,8 @@ struct Geometry {
 // tile (a colwise block spans its rows) and a task one column tile. Without one, a unit is one
 // row of kRowCols columns, and a task all columns where there are enough tasks without
 // splitting them: its inputs are read and its outputs written along rows. 32-row tiles made a
-// rowwise-only call about 1.7x slower (swiglu forward, 1024 x 2 x 4096 bfloat16, one thread,
-// 15 -> 9 ms with a trivial encode): a tile's rows are ~100 short streams at once, which the
-// hardware prefetchers do not follow. Either way each column's rows are added to dbias in row
+// rowwise-only call slower: a tile's rows are ~100 short streams at once, which the hardware
+// prefetchers do not follow. Either way each column's rows are added to dbias in row
 // order, and the groups keep their tile boundaries: the bits do not change.
 struct Tasks {
   int64_t batches, groups, rt, ct;
@@ -494,8 +491,7 @@ void finish(const QuantOutput& q, const std::vector<int32_t>& keys,
 // tile, except for the transposed layout (tensor scaling, colwise), where a task goes down up to
 // 16 row tiles of its column tile while there are at least 2 tasks per worker. Its 32-row tiles
 // each write half a cache line of every output column; a task that also writes the other half
-// finds the line still in cache, and its output is one 256-column block of colwise rows:
-// 1.3x faster (quantize 1024 x 4096 bfloat16 colwise, one thread, 9.9 -> 7.4 ms).
+// finds the line still in cache, and its output is one 256-column block of colwise rows.
 int64_t row_groups(const Geometry& g, const QuantOutput& q, ffi::ThreadPool* pool) {
   const int64_t rt = g.row_tiles();
   const bool transposed = q.colwise != nullptr && q.emit == QuantEmit::TENSOR;

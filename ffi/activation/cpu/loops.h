@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
 #include "common/host_math.h"
 #include "common/macros.h"

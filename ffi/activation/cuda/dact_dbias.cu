@@ -29,10 +29,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/activations.h"
-#include "common/problem.h"
+#include "activation/activations.h"
+#include "activation/problem.h"
 #include "cuda/device_utils.cuh"
-#include "cuda/launch.h"
+#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 namespace {
@@ -163,11 +163,9 @@ __global__ void __launch_bounds__(kThreads, kDbiasBlocksPerSm<Spec>)
 
 // Pipeline of the non-gated 16-byte path: kAsyncStages rows per thread in shared memory (4 of them
 // in flight, 128 bytes per thread; 40 KB per block), registers capped for kAsyncBlocksPerSm blocks
-// per SM. Measured on an H100 (1 GiB bf16 / float32 operands, H = 4096): 0.96-0.97 of copy; the
-// register kernel (2 rows, 64 bytes per thread in flight, 3 blocks per SM) was at 0.92-0.96 with
-// the same finalize; 4 stages at 4 blocks per SM and 7 stages at 3 were each ~0.01 slower. For
-// gated problems the register kernel (2 blocks per SM, 96 bytes per thread) measured ~0.01
-// faster than this pipeline (3 or 5 stages, 3 blocks per SM), so it stays on that path.
+// per SM: on an H100 it beat the register kernel (2 rows, 64 bytes per thread in flight, 3 blocks
+// per SM) and other stage / block counts. For gated problems the register kernel (2 blocks per
+// SM, 96 bytes per thread) was faster than this pipeline, so it stays on that path.
 constexpr int kAsyncStages = 5;
 constexpr int kAsyncBlocksPerSm = 3;
 

@@ -1,4 +1,4 @@
-// Every activation of SPEC.md §1 and its derivative, defined once, for host and device.
+// Every activation of docs/numerics.md §1 and its derivative, defined once, for host and device.
 //
 // An activation is a struct with one static function
 //
@@ -13,7 +13,7 @@
 //     dA = f'(a) * g * b'         dB = lin'(b) * g * f(a)
 // `with_activation(enum, fn)` maps a runtime enum to these compile-time types.
 //
-// All arithmetic is float32 (SPEC.md: one rounding, to the output dtype, at the end).
+// All arithmetic is float32 (docs/numerics.md: one rounding, to the output dtype, at the end).
 #pragma once
 
 #include <cstdint>
@@ -24,25 +24,45 @@
 
 namespace te_jax {
 
-// Values are TE's NVTE_Activation_Type order (0-11) plus te_jax's exact-GELU forms (12-13).
-enum class ActivationEnum : int64_t {
-  GELU = 0,
-  GEGLU = 1,
-  GLU = 2,
-  SILU = 3,
-  SWIGLU = 4,
-  RELU = 5,
-  REGLU = 6,
-  QGELU = 7,
-  QGEGLU = 8,
-  SRELU = 9,
-  SREGLU = 10,
-  CLAMPED_SWIGLU = 11,
-  GELU_EXACT = 12,
-  GEGLU_EXACT = 13,
-  // Internal: y = x. The standalone quantize targets run the activation kernels with it.
-  IDENTITY = 99,
-};
+// Every activation, declared once: X(NAME, act_enum value, activation half, linear half, gated).
+// The enum, with_activation's switch, activation_name and kActivations derive from it. Values are
+// TE's NVTE_Activation_Type order (0-11) plus te_jax's exact-GELU forms (12-13); Python passes
+// them, so they never change. IDENTITY (y = x) is internal: the standalone quantize targets run
+// the activation kernels with it.
+#define TE_JAX_ACTIVATIONS(X)                             \
+  X(GELU, 0, Gelu, Identity, false)                       \
+  X(GEGLU, 1, Gelu, Identity, true)                       \
+  X(GLU, 2, Sigmoid, Identity, true)                      \
+  X(SILU, 3, Silu, Identity, false)                       \
+  X(SWIGLU, 4, Silu, Identity, true)                      \
+  X(RELU, 5, Relu, Identity, false)                       \
+  X(REGLU, 6, Relu, Identity, true)                       \
+  X(QGELU, 7, QuickGelu, Identity, false)                 \
+  X(QGEGLU, 8, QuickGelu, Identity, true)                 \
+  X(SRELU, 9, SquaredRelu, Identity, false)               \
+  X(SREGLU, 10, SquaredRelu, Identity, true)              \
+  X(CLAMPED_SWIGLU, 11, ClampedSilu, ClampedLinear, true) \
+  X(GELU_EXACT, 12, GeluExact, Identity, false)           \
+  X(GEGLU_EXACT, 13, GeluExact, Identity, true)           \
+  X(IDENTITY, 99, Identity, Identity, false)
+
+#define TE_JAX_ACTIVATION_ENUM_VALUE(name, value, Act, Lin, gated) name = value,
+enum class ActivationEnum : int64_t { TE_JAX_ACTIVATIONS(TE_JAX_ACTIVATION_ENUM_VALUE) };
+#undef TE_JAX_ACTIVATION_ENUM_VALUE
+
+#define TE_JAX_ACTIVATION_ENUM_ITEM(name, value, Act, Lin, gated) ActivationEnum::name,
+inline constexpr ActivationEnum kActivations[] = {
+    TE_JAX_ACTIVATIONS(TE_JAX_ACTIVATION_ENUM_ITEM)};
+#undef TE_JAX_ACTIVATION_ENUM_ITEM
+
+// The enum's name ("GELU", ...), or "<unknown activation>".
+inline const char* activation_name(ActivationEnum e) {
+#define TE_JAX_ACTIVATION_NAME_CASE(name, value, Act, Lin, gated) \
+  case ActivationEnum::name: return #name;
+  switch (e) { TE_JAX_ACTIVATIONS(TE_JAX_ACTIVATION_NAME_CASE) }
+#undef TE_JAX_ACTIVATION_NAME_CASE
+  return "<unknown activation>";
+}
 
 struct ClampedSwigluParams {
   float limit = 7.0f;
@@ -113,7 +133,7 @@ struct QuickGelu {
 struct Relu {
   TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
     f = x > 0.0f ? x : 0.0f;
-    df = x > 0.0f ? 1.0f : 0.0f;  // 0 at x == 0 (SPEC.md)
+    df = x > 0.0f ? 1.0f : 0.0f;  // 0 at x == 0 (docs/numerics.md)
   }
 };
 
@@ -166,26 +186,10 @@ struct ActivationSpec {
 // Calls fn(ActivationSpec<...>{}) for the runtime enum; returns false for an unknown value.
 template <typename Fn>
 bool with_activation(ActivationEnum e, Fn&& fn) {
-  using namespace act;
-  switch (e) {
-    case ActivationEnum::GELU: fn(ActivationSpec<Gelu, Identity, false>{}); return true;
-    case ActivationEnum::GEGLU: fn(ActivationSpec<Gelu, Identity, true>{}); return true;
-    case ActivationEnum::GLU: fn(ActivationSpec<Sigmoid, Identity, true>{}); return true;
-    case ActivationEnum::SILU: fn(ActivationSpec<Silu, Identity, false>{}); return true;
-    case ActivationEnum::SWIGLU: fn(ActivationSpec<Silu, Identity, true>{}); return true;
-    case ActivationEnum::RELU: fn(ActivationSpec<Relu, Identity, false>{}); return true;
-    case ActivationEnum::REGLU: fn(ActivationSpec<Relu, Identity, true>{}); return true;
-    case ActivationEnum::QGELU: fn(ActivationSpec<QuickGelu, Identity, false>{}); return true;
-    case ActivationEnum::QGEGLU: fn(ActivationSpec<QuickGelu, Identity, true>{}); return true;
-    case ActivationEnum::SRELU: fn(ActivationSpec<SquaredRelu, Identity, false>{}); return true;
-    case ActivationEnum::SREGLU: fn(ActivationSpec<SquaredRelu, Identity, true>{}); return true;
-    case ActivationEnum::CLAMPED_SWIGLU:
-      fn(ActivationSpec<ClampedSilu, ClampedLinear, true>{});
-      return true;
-    case ActivationEnum::GELU_EXACT: fn(ActivationSpec<GeluExact, Identity, false>{}); return true;
-    case ActivationEnum::GEGLU_EXACT: fn(ActivationSpec<GeluExact, Identity, true>{}); return true;
-    case ActivationEnum::IDENTITY: fn(ActivationSpec<Identity, Identity, false>{}); return true;
-  }
+#define TE_JAX_ACTIVATION_SPEC_CASE(name, value, Act, Lin, gated) \
+  case ActivationEnum::name: fn(ActivationSpec<act::Act, act::Lin, gated>{}); return true;
+  switch (e) { TE_JAX_ACTIVATIONS(TE_JAX_ACTIVATION_SPEC_CASE) }
+#undef TE_JAX_ACTIVATION_SPEC_CASE
   return false;
 }
 

@@ -1,7 +1,7 @@
 // dact_dbias on CUDA, generic path: DELAYED / CURRENT tensor scaling. One instantiation of
 // quantize.cuh's kernel per (activation, dtype); one translation unit per mode so they compile in
 // parallel.
-#include "cuda/quantize.cuh"
+#include "activation/cuda/quantize.cuh"
 
 namespace te_jax::cuda {
 

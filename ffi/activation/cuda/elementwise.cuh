@@ -26,12 +26,12 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "common/activations.h"
+#include "activation/activations.h"
 #include "common/formats.h"
-#include "common/problem.h"
+#include "activation/problem.h"
 #include "cuda/device_utils.cuh"
 #include "cuda/fp8_codes.cuh"
-#include "cuda/launch.h"
+#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 
@@ -80,8 +80,8 @@ __device__ __forceinline__ float elt_tensor_scale(const EltArgs<T>& a, uint64_t 
                                   : a.scale[b];
 }
 
-// Rounds N values to T (one rounding, SPEC.md), writes them (or their FP8 codes) at element
-// offset `off` of the output, and folds the rounded values into the amax bits.
+// Rounds N values to T (one rounding, docs/numerics.md), writes them (or their FP8 codes) at
+// element offset `off` of the output, and folds the rounded values into the amax bits.
 template <typename T, int N, EltOut kOut>
 __device__ __forceinline__ void eltwise_emit(const EltBatch<T>& B, bool e5m2, uint64_t off,
                                              const float (&v)[N], unsigned& amax_bits) {
@@ -244,9 +244,8 @@ __global__ void __launch_bounds__(kThreads, (kEltBlocksPerSm<Spec, kBwd, kOut>))
 
 // Loads per unit (each one 16-byte access on the vector path) and the unroll that keeps 4 (6 for
 // gated backward) independent loads in flight per thread. The unquantized non-gated forward
-// instead runs one unit per thread with twice the threads per SM: measured on an H100 (1 GiB
-// operands, GELU, cudaEvent timing of the launcher, two rounds) 714 us against 722 us with 4
-// units per thread at 4 blocks per SM, float32 and bf16 alike (2 units at 4 blocks: 716 / 713).
+// instead runs one unit per thread with twice the threads per SM, which was slightly faster on an
+// H100 than 2 or 4 units per thread at 4 blocks per SM, float32 and bf16 alike.
 template <typename Spec, bool kBwd, EltOut kOut>
 constexpr int kEltUnroll = kEltThinForward<Spec, kBwd, kOut> ? 1
                            : (Spec::kGated ? 2 : 1) + (kBwd ? 1 : 0) >= 3
@@ -305,9 +304,8 @@ cudaError_t launch_eltwise_batches(EltArgs<T> a, int64_t rows, int64_t hidden,
   a.n_units = a.n_elems / width;
 
   const uint64_t per_block = static_cast<uint64_t>(kThreads) * kUnroll;
-  // One block per kThreads * kUnroll units, not a persistent grid: measured on an H100 (1 GiB
-  // bf16 operands), a grid capped at kEltBlocksPerSm blocks per SM reached 0.89-0.95 of copy
-  // bandwidth, one block per chunk 0.95-1.02 (docs/performance.md). The grid-stride loop
+  // One block per kThreads * kUnroll units, not a persistent grid: on an H100 a grid capped at
+  // kEltBlocksPerSm blocks per SM was slower (docs/performance.md). The grid-stride loop
   // then runs once per thread, unless cfg.max_blocks (tests) or the grid's limits cap the grid.
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
   const uint64_t gx = std::clamp<uint64_t>((a.n_units + per_block - 1) / per_block, 1,

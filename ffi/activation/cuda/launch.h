@@ -1,7 +1,7 @@
-// Host entry points of the te_jax CUDA kernels, called by the FFI handlers (handlers.cc).
+// Host entry points of the activation family's CUDA kernels, called by its CUDA backend (run.h).
 //
-// Each launcher takes a decoded problem (common/problem.h) and enqueues its kernels on `stream`
-// and nothing else: no synchronisation, no allocation, no device queries, no reads of device
+// Each launcher takes a decoded problem (activation/problem.h) and enqueues its kernels on
+// `stream` and nothing else: no synchronisation, no allocation, no device queries, no reads of device
 // memory; so the execute handlers may be captured into CUDA graphs. With `load_only` the launcher
 // instead calls cudaFuncGetAttributes on every kernel the problem may use (which loads the module
 // into the current context) and launches nothing: that is the Initialize stage's job, done
@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "common/problem.h"
+#include "activation/problem.h"
 
 namespace te_jax::cuda {
 

@@ -3,10 +3,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "common/activations.h"
-#include "common/problem.h"
-#include "cuda/elementwise.cuh"
-#include "cuda/launch.h"
+#include "activation/activations.h"
+#include "activation/problem.h"
+#include "activation/cuda/elementwise.cuh"
+#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 
