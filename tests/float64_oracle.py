@@ -1,11 +1,12 @@
-"""Float64 NumPy oracle for every activation of SPEC.md §1 and the dbias rule of §2.
+"""Float64 NumPy oracle for every activation of docs/numerics.md §1 and the dbias rule of §2.
 
 Written straight from SPEC.md, independently of ``te_jax`` (it imports nothing from it): the
 tests hold both the FFI kernels and ``te_jax.reference`` against this file.
 
-Activations are named by their enum value (0-13, SPEC.md §1). ``params`` is anything with the
-attributes ``limit``, ``alpha`` and ``glu_linear_offset`` (a ``te_jax.ClampedSwiGLUParams``, an
-``ActivationParams`` holding one, or the ``ClampedParams`` below), or ``None`` for the defaults.
+Activations are named by their enum value (0-13, docs/numerics.md §1). ``params`` is anything
+with the attributes ``limit``, ``alpha`` and ``glu_linear_offset`` (a
+``te_jax.ClampedSwiGLUParams``, an ``ActivationParams`` holding one, or the ``ClampedParams``
+below), or ``None`` for the defaults.
 Runtime parameters reach the kernels as float32, so ``act_lu``/``dact_lu`` round them to float32
 unless ``exact_params=True`` (for a float64 computation, which keeps them as given).
 """

@@ -1,5 +1,5 @@
-"""Shared test helpers: the activation table, dtypes, SPEC.md §7 tolerances, random inputs and
-comparisons against the float64 oracle. Imports nothing from te_jax (the sharded subprocess and
+"""Shared test helpers: the activation table, dtypes, docs/numerics.md §7 tolerances, random inputs
+and comparisons against the float64 oracle. Imports nothing from te_jax (the sharded subprocess and
 the oracle self-test use it too)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import float64_oracle as oracle
 
 
 class Act(NamedTuple):
-    enum: int  # SPEC.md §1 enum value
+    enum: int  # docs/numerics.md §1 enum value
     name: str  # te_jax.ActivationType member name
     names: tuple[str, ...]  # TE's tuple form
     alias: str  # the single-string name
@@ -74,13 +74,13 @@ def np_dtype(dtype) -> np.dtype:
     return np.dtype(jnp.dtype(dtype))
 
 
-# --- SPEC.md §7 tolerances ----------------------------------------------------------------------
+# --- docs/numerics.md §7 tolerances ------------------------------------------------------------
 
 _TRANSCENDENTAL_FORMS = {"GELU", "GEGLU", "GELU_EXACT", "GEGLU_EXACT"}
 
 
 def tol(dtype, act: Act | None = None) -> float:
-    """rtol == atol of SPEC.md §7 for an output of ``dtype``."""
+    """rtol == atol of docs/numerics.md §7 for an output of ``dtype``."""
     dt = jnp.dtype(dtype)
     if dt == jnp.float32:
         return 2e-5 if act is not None and act.name in _TRANSCENDENTAL_FORMS else 1e-5
@@ -103,7 +103,7 @@ def round_to(ref64, dtype) -> np.ndarray:
 
 
 def assert_matches(actual, ref64, dtype, act: Act | None = None, *, scale: float = 1.0, what=""):
-    """``actual`` (an array of ``dtype``) against the float64 reference, SPEC.md §7."""
+    """``actual`` (an array of ``dtype``) against the float64 reference, docs/numerics.md §7."""
     actual = np.asarray(actual)
     ref64 = np.asarray(ref64, np.float64)
     assert actual.dtype == np_dtype(dtype), f"{what}: dtype {actual.dtype}, want {np_dtype(dtype)}"
@@ -259,3 +259,15 @@ SCALED_TENSOR_FIELDS = (
     "amax",
     "global_scale_inv",
 )
+
+
+def cpp_enum(header: str, name: str) -> dict[str, int]:
+    """``{member: value}`` of ``enum class name`` in ``ffi/common/<header>``, parsed as text (the
+    extension exposes no enum tables): the declarations the Python enums must agree with."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parents[1] / "ffi" / "common" / header).read_text()
+    body = re.search(r"enum class " + name + r"\b[^{]*\{(.*?)\};", text, re.S)
+    assert body, f"enum class {name} not found in {header}"
+    return {m: int(v) for m, v in re.findall(r"^\s*(\w+)\s*=\s*(\d+)\s*,", body.group(1), re.M)}

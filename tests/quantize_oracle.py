@@ -1,10 +1,10 @@
-"""An independent NumPy + ml_dtypes implementation of SPEC.md §3-§5 quantization: the oracle the
-quantization tests compare ``te_jax.quantize.reference`` (and the kernels) against.
+"""An independent NumPy + ml_dtypes implementation of docs/numerics.md §3-§5 quantization: the
+oracle the quantization tests compare ``te_jax.quantize.reference`` (and the kernels) against.
 
 No JAX. Float32 steps are NumPy float32 operations, which keep subnormals (IEEE), unlike XLA:CPU;
 the MXFP8 exponent is found by exact float64 comparisons; layouts go through the flattened 2-D
-``[M, N]`` view of SPEC.md §5 rather than per-axis blocking. Casts clip to ``±Q`` and then use
-ml_dtypes' round-to-nearest-even conversion.
+``[M, N]`` view of docs/numerics.md §5 rather than per-axis blocking. Casts clip to ``±Q`` and
+then use ml_dtypes' round-to-nearest-even conversion.
 
 ``quantize(y, mode, layout, q_dtype, n_feature_axes=1, scale=None, amax=None)`` returns a dict
 with ``data``, ``scale_inv``, ``colwise_data``, ``colwise_scale_inv``, ``amax``,
@@ -25,7 +25,7 @@ E2M1 = np.dtype(ml_dtypes.float4_e2m1fn)
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 Q_MAX = {E4M3: 448.0, E5M2: 57344.0, E2M1: 6.0}
 
-# ScalingMode / QuantizeLayout values (SPEC.md §4-§5, the FFI enums).
+# ScalingMode / QuantizeLayout values (docs/numerics.md §4-§5, the FFI enums).
 DELAYED, MXFP8, CURRENT, NVFP4 = 1, 2, 3, 4
 ROWWISE, COLWISE, ROWWISE_COLWISE = 0, 1, 2
 BLOCK = {MXFP8: 32, NVFP4: 16}
@@ -122,7 +122,7 @@ def _nvfp4_rows(y2d, s):
 
 
 def quantize(y, mode, layout, q_dtype, n_feature_axes=1, scale=None, amax_=None) -> dict:
-    """SPEC.md §4 quantization of ``y`` (any float dtype; its float32 value is quantized).
+    """docs/numerics.md §4 quantization of ``y`` (any float dtype; its float32 value is quantized).
 
     ``scale`` is DELAYED's scale; ``amax_`` overrides the measured amax (CURRENT, NVFP4 scale by
     it; DELAYED reports it).
@@ -194,7 +194,7 @@ def dequantize(res: dict, mode, layout, n_feature_axes=1, colwise=False) -> np.n
 
 
 def delayed_update(scale, history, amax_, q_max, margin=0, algo="max"):
-    """SPEC.md §4 DELAYED update in NumPy float32: returns (scale, history)."""
+    """docs/numerics.md §4 DELAYED update in NumPy float32: returns (scale, history)."""
     h = np.array(history, np.float32)
     h[0] = F32(amax_)
     a = h[0] if algo == "most_recent" else (np.nan if np.isnan(h).any() else np.max(h))

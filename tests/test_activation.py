@@ -1,6 +1,6 @@
 """te_jax.act_lu / dact_lu / quantize_dact_dbias / activation against the float64 oracle
-(SPEC.md §1, §2, §7), the FFI path against the pure-JAX path, and under jit, vmap (any axis),
-grad and check_grads; the implementation switch and TE_JAX_IMPLEMENTATION."""
+(docs/numerics.md §1, §2, §7), the FFI path against the pure-JAX path, and under jit, vmap (any
+axis), grad and check_grads; the implementation switch and TE_JAX_IMPLEMENTATION."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_larger_shapes(alias, dtype, shape, impl, rng):
     ids=["swiglu-bf16", "gelu-f32"],
 )
 def test_dbias_is_deterministic(alias, dtype, shape, rng):
-    """SPEC.md §2: the same inputs give the same bits on every run."""
+    """docs/numerics.md §2: the same inputs give the same bits on every run."""
     act = ACT_BY_ALIAS[alias]
     x, dz = _inputs(rng, (act, None), dtype, shape)
     x, dz = jnp.asarray(x), jnp.asarray(dz)
@@ -180,7 +180,7 @@ def test_dbias_is_deterministic(alias, dtype, shape, rng):
 @pytest.mark.parametrize("alias", ["gelu", "swiglu"])
 def test_dbias_accumulates_in_float32(alias, dtype, impl, rng):
     """Thousands of same-sign terms: a sum kept in bf16/f16 stalls once its ulp exceeds a
-    term (at 256 / 2048), a float32 sum does not (SPEC.md §2)."""
+    term (at 256 / 2048), a float32 sum does not (docs/numerics.md §2)."""
     act = ACT_BY_ALIAS[alias]
     shape = (8192, 2, 24) if act.gated else (8192, 24)
     x = rng.uniform(0.5, 1.5, shape).astype(np_dtype(dtype))  # f' > 0, f > 0

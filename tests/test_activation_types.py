@@ -1,5 +1,5 @@
-"""ActivationType and its names (SPEC.md §1), ActivationParams / ClampedSwiGLUParams (frozen,
-hashable, static under jit), and clamped SwiGLU with default and non-default parameters."""
+"""ActivationType and its names (docs/numerics.md §1), ActivationParams / ClampedSwiGLUParams
+(frozen, hashable, static under jit), and clamped SwiGLU with default and non-default parameters."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from helpers import (
     Act,
     assert_dbias_matches,
     assert_matches,
+    cpp_enum,
     dz_shape,
     make_dz,
     make_x,
@@ -177,3 +178,22 @@ def test_clamped_swiglu_across_the_clamps(dtype, impl):
     np.testing.assert_allclose(
         np.asarray(y, np.float64)[0][at_zero_b], f025 * OFFSET, rtol=t, atol=t
     )
+
+
+def test_declarations_match_the_cpp_enum():
+    """The Python declaration of each activation and ffi/common/activations.h agree (the enum
+    value is the FFI act_enum), and so does the standalone quantize's IDENTITY."""
+    from te_jax.activation_types import IDENTITY_ACT_ENUM
+
+    cpp = cpp_enum("activations.h", "ActivationEnum")
+    assert cpp.pop("IDENTITY") == IDENTITY_ACT_ENUM
+    assert cpp == {a.name: int(a) for a in te_jax.ActivationType}
+
+
+def test_names_derive_from_the_declarations():
+    """Every component tuple and every single-string name parses back to its activation."""
+    for act in te_jax.ActivationType:
+        assert te_jax.ActivationType.parse(act.names) is act
+        assert act.is_gated == (len(act.names) == 2) and act.act_len == len(act.names)
+        for name in act._single_names:
+            assert te_jax.ActivationType.parse(name) is act

@@ -1,5 +1,6 @@
 """Self-checks of the float64 oracle (no te_jax): its derivatives are the derivatives of its
-forwards, a few values by hand, and the gated rule and clamps exactly as SPEC.md §1 writes them."""
+forwards, a few values by hand, and the gated rule and clamps exactly as docs/numerics.md §1
+writes them."""
 
 from __future__ import annotations
 

@@ -269,7 +269,8 @@ def test_scan_over_steps_with_delayed_scaling(rng):
 @pytest.mark.parametrize("mode", ["current", "nvfp4"])
 @pytest.mark.parametrize("op", ["act_lu", "quantize_dact_dbias"])
 def test_two_pass_modes_keep_no_high_precision_intermediate(op, mode):
-    """SPEC §6: the compiled program holds no temporary the size of the activation output."""
+    """docs/numerics.md §6: the compiled program holds no temporary the size of the activation
+    output."""
     q = _quantizer(mode, E4M3 if mode == "current" else jnp.float4_e2m1fn, QuantizeLayout.ROWWISE)
     x = jax.ShapeDtypeStruct((256, 2, 1024), jnp.bfloat16)
     dz = jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16)

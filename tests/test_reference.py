@@ -87,7 +87,7 @@ def _bias_inputs(rng, act, dtype, shape=(3, 5, 24)):
 
 
 def _helper_tol(dtype, act):
-    # f32: SPEC.md §7. bf16/f16: x + bias may be rounded to the dtype before the activation
+    # f32: docs/numerics.md §7. bf16/f16: x + bias may be rounded to the dtype before the activation
     # (TE's helpers compute in the input dtype), so allow a few output ulps.
     return tol(dtype, act) if jnp.dtype(dtype) == jnp.float32 else 4 * tol(dtype, act)
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from te_jax import primitives, reference
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import use_ffi
-from te_jax.quantize_op import quantized_output
+from te_jax.quantized import OpKind, quantized_output
 
 __all__ = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
 
@@ -50,8 +50,7 @@ def _check_x(op: str, x, act: ActivationType) -> None:
 
 
 def _check_dz(op: str, dz, x, act: ActivationType) -> None:
-    x_shape = tuple(jnp.shape(x))
-    want = x_shape[:-2] + x_shape[-1:] if act.is_gated else x_shape
+    want = act.output_shape(jnp.shape(x))
     if tuple(jnp.shape(dz)) != want:
         raise ValueError(
             f"te_jax.{op}: dz must have shape {want} (x's shape"
@@ -91,14 +90,14 @@ def act_lu(
         ``ActivationType``.
       quantizer: ``None``, or a ``te_jax.quantize`` quantizer: the output is then a
         ``ScaledTensor`` quantized in the same pass (two passes over x for current scaling and
-        NVFP4), SPEC.md §4-§6.
+        NVFP4), docs/numerics.md §4-§6.
       act_params: ``ActivationParams`` for clamped SwiGLU (defaults when ``None``).
       implementation: ``None``, ``"ffi"`` or ``"xla"`` (see the module docstring).
     """
     act, params = _prepare("act_lu", x, activation_type, act_params)
     if quantizer is not None:
         return quantized_output(
-            "act_lu", "act", (x,), quantizer, act, params, implementation=implementation
+            "act_lu", OpKind.ACT, (x,), quantizer, act, params, implementation=implementation
         )
     if not use_ffi("act_lu", implementation, jnp.result_type(x)):
         return reference.act_lu(x, act, params)
@@ -132,7 +131,7 @@ def quantize_dact_dbias(
     _check_dz(op, dz, x, act)
     if quantizer is not None:
         return quantized_output(
-            op, "dact", (dz, x), quantizer, act, params, bool(is_dbias), implementation
+            op, OpKind.DACT, (dz, x), quantizer, act, params, bool(is_dbias), implementation
         )
     if not use_ffi(op, implementation, jnp.result_type(x)):
         return reference.quantize_dact_dbias(dz, x, act, is_dbias, params)
@@ -153,7 +152,7 @@ def dact_lu(
     _check_dz("dact_lu", dz, x, act)
     if quantizer is not None:
         return quantized_output(
-            "dact_lu", "dact", (dz, x), quantizer, act, params, False, implementation
+            "dact_lu", OpKind.DACT, (dz, x), quantizer, act, params, False, implementation
         )[0]
     if not use_ffi("dact_lu", implementation, jnp.result_type(x)):
         return reference.dact_lu(dz, x, act, params)

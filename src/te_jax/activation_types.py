@@ -16,46 +16,80 @@ import enum
 import math
 from collections.abc import Sequence
 
-__all__ = ["ActivationType", "ActivationParams", "ClampedSwiGLUParams", "ActivationLike"]
+__all__ = [
+    "ActivationType",
+    "ActivationParams",
+    "ClampedSwiGLUParams",
+    "ActivationLike",
+    "IDENTITY_ACT_ENUM",
+]
+
+
+# The act_enum of the standalone quantize kernels: no activation (ActivationEnum::IDENTITY).
+IDENTITY_ACT_ENUM = 99
 
 
 class ActivationType(enum.IntEnum):
-    """The activations of SPEC.md §1; the value is the FFI ``act_enum``."""
+    """The activations of docs/numerics.md §1; the value is the FFI ``act_enum``.
 
-    GELU = 0
-    GEGLU = 1
-    GLU = 2
-    SILU = 3
-    SWIGLU = 4
-    RELU = 5
-    REGLU = 6
-    QGELU = 7
-    QGEGLU = 8
-    SRELU = 9
-    SREGLU = 10
-    CLAMPED_SWIGLU = 11
-    GELU_EXACT = 12
-    GEGLU_EXACT = 13
+    Each member is declared once, as ``value, components, names``: ``components`` are the
+    component functions (TE's tuple form: the activation, and ``"linear"`` or
+    ``"clamped_linear"`` for the linear half of a gated one), ``names`` the single-string
+    names that select it.
+    """
+
+    GELU = 0, ("gelu",), ("gelu",)
+    GEGLU = 1, ("gelu", "linear"), ("geglu",)
+    GLU = 2, ("sigmoid", "linear"), ("glu",)
+    SILU = 3, ("silu",), ("silu",)
+    SWIGLU = 4, ("silu", "linear"), ("swiglu",)
+    RELU = 5, ("relu",), ("relu",)
+    REGLU = 6, ("relu", "linear"), ("reglu",)
+    QGELU = 7, ("quick_gelu",), ("quick_gelu", "qgelu")
+    QGEGLU = 8, ("quick_gelu", "linear"), ("qgeglu",)
+    SRELU = 9, ("squared_relu",), ("squared_relu", "srelu")
+    SREGLU = 10, ("squared_relu", "linear"), ("sreglu",)
+    CLAMPED_SWIGLU = 11, ("clamped_silu", "clamped_linear"), ("clamped_swiglu",)
+    GELU_EXACT = 12, ("gelu_exact",), ("gelu_exact",)
+    GEGLU_EXACT = 13, ("gelu_exact", "linear"), ("geglu_exact",)
+
+    def __new__(cls, value: int, components: tuple[str, ...], names: tuple[str, ...]):
+        obj = int.__new__(cls, value)
+        obj._value_ = value
+        obj._components = components
+        obj._single_names = names
+        return obj
 
     @property
     def is_gated(self) -> bool:
         """Whether the activation takes an ``(..., 2, H)`` input and multiplies by a linear half."""
-        return len(_TUPLE_OF[self]) == 2
+        return len(self._components) == 2
 
     @property
     def act_len(self) -> int:
-        """Size of the act axis: 2 for gated activations, 1 otherwise."""
+        """Size of the act axis, and the number of trailing feature axes of ``x``: 2 for gated
+        activations (``(2, H)``), 1 otherwise (``(H,)``)."""
         return 2 if self.is_gated else 1
 
     @property
     def names(self) -> tuple[str, ...]:
-        """TE's tuple form, e.g. ``("silu", "linear")``."""
-        return _TUPLE_OF[self]
+        """TE's tuple form, e.g. ``("silu", "linear")``: the component functions."""
+        return self._components
 
-    @property
-    def has_params(self) -> bool:
-        """Whether the activation takes runtime parameters (``act_params``)."""
-        return self is ActivationType.CLAMPED_SWIGLU
+    def output_axes(self, x_axes: Sequence) -> list:
+        """The per-axis entries of the output ``y`` (and of ``dz``) from those of ``x`` (sizes,
+        PartitionSpec entries or sharding factors): gated ``(..., 2, H) -> (..., H)`` drops the
+        act axis, non-gated ``(..., H) -> (..., H)`` keeps every axis."""
+        x_axes = list(x_axes)
+        return x_axes[:-2] + x_axes[-1:] if self.is_gated else x_axes
+
+    def output_shape(self, x_shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape of ``act_lu(x)`` (and of ``dz``) for ``x`` of shape ``x_shape``."""
+        return tuple(self.output_axes(x_shape))
+
+    def feature_shape(self, x_shape: Sequence[int]) -> tuple[int, ...]:
+        """The trailing feature axes of ``x`` (dbias's shape): ``(2, H)`` or ``(H,)``."""
+        return tuple(x_shape[len(x_shape) - self.act_len :])
 
     @classmethod
     def parse(cls, activation_type: ActivationLike) -> ActivationType:
@@ -91,46 +125,14 @@ class ActivationType(enum.IntEnum):
             raise ValueError(
                 f"unknown activation_type {activation_type!r}; valid names: "
                 f"{', '.join(sorted(_BY_NAME))}; valid tuples: "
-                f"{', '.join(repr(t) for t in _TUPLE_OF.values())}"
+                f"{', '.join(repr(a.names) for a in ActivationType)}"
             )
         return found
 
 
-_TUPLE_OF: dict[ActivationType, tuple[str, ...]] = {
-    ActivationType.GELU: ("gelu",),
-    ActivationType.GEGLU: ("gelu", "linear"),
-    ActivationType.GLU: ("sigmoid", "linear"),
-    ActivationType.SILU: ("silu",),
-    ActivationType.SWIGLU: ("silu", "linear"),
-    ActivationType.RELU: ("relu",),
-    ActivationType.REGLU: ("relu", "linear"),
-    ActivationType.QGELU: ("quick_gelu",),
-    ActivationType.QGEGLU: ("quick_gelu", "linear"),
-    ActivationType.SRELU: ("squared_relu",),
-    ActivationType.SREGLU: ("squared_relu", "linear"),
-    ActivationType.CLAMPED_SWIGLU: ("clamped_silu", "clamped_linear"),
-    ActivationType.GELU_EXACT: ("gelu_exact",),
-    ActivationType.GEGLU_EXACT: ("gelu_exact", "linear"),
-}
-_BY_TUPLE = {t: a for a, t in _TUPLE_OF.items() if len(t) == 2}
-_BY_NAME: dict[str, ActivationType] = {
-    "gelu": ActivationType.GELU,
-    "geglu": ActivationType.GEGLU,
-    "glu": ActivationType.GLU,
-    "silu": ActivationType.SILU,
-    "swiglu": ActivationType.SWIGLU,
-    "relu": ActivationType.RELU,
-    "reglu": ActivationType.REGLU,
-    "quick_gelu": ActivationType.QGELU,
-    "qgelu": ActivationType.QGELU,
-    "qgeglu": ActivationType.QGEGLU,
-    "squared_relu": ActivationType.SRELU,
-    "srelu": ActivationType.SRELU,
-    "sreglu": ActivationType.SREGLU,
-    "clamped_swiglu": ActivationType.CLAMPED_SWIGLU,
-    "gelu_exact": ActivationType.GELU_EXACT,
-    "geglu_exact": ActivationType.GEGLU_EXACT,
-}
+# Derived from the declarations: a one-element tuple is looked up as its single name.
+_BY_TUPLE = {a.names: a for a in ActivationType if a.is_gated}
+_BY_NAME: dict[str, ActivationType] = {n: a for a in ActivationType for n in a._single_names}
 
 ActivationLike = ActivationType | str | Sequence[str]
 

@@ -1,10 +1,11 @@
 """Pure-JAX implementations of every te_jax op.
 
 This is the ``implementation="xla"`` path, the fallback on backends without kernels, and the
-oracle the kernels are tested against. Each activation is defined here once, as a function
-returning its value and derivative (the same pairs as ``ffi/common/activations.h``), so the
-derivative at ties follows SPEC.md (``relu'(0) = 0``, inclusive clamp masks) rather than
-autodiff's conventions.
+oracle the kernels are tested against. Each component function (``"gelu"``, ``"silu"``,
+``"linear"``, ...: the names of ``ActivationType.names``) is defined here once, returning its value
+and derivative (the same pairs as ``ffi/common/activations.h``), so the derivative at ties follows
+docs/numerics.md §1 (``relu'(0) = 0``, inclusive clamp masks) rather than autodiff's conventions.
+An activation is its components: ``f`` alone, or ``f`` and a linear half.
 
 Arithmetic is float32 (float64 for float64 inputs); results are rounded once to the input dtype.
 
@@ -111,22 +112,24 @@ def _clamped_linear(b, p):
 
 _Pair = Callable[..., tuple[jax.Array, jax.Array]]
 
-_ACT: dict[ActivationType, tuple[_Pair, _Pair | None]] = {
-    ActivationType.GELU: (_gelu, None),
-    ActivationType.GEGLU: (_gelu, _identity),
-    ActivationType.GLU: (_sigmoid, _identity),
-    ActivationType.SILU: (_silu, None),
-    ActivationType.SWIGLU: (_silu, _identity),
-    ActivationType.RELU: (_relu, None),
-    ActivationType.REGLU: (_relu, _identity),
-    ActivationType.QGELU: (_quick_gelu, None),
-    ActivationType.QGEGLU: (_quick_gelu, _identity),
-    ActivationType.SRELU: (_squared_relu, None),
-    ActivationType.SREGLU: (_squared_relu, _identity),
-    ActivationType.CLAMPED_SWIGLU: (_clamped_silu, _clamped_linear),
-    ActivationType.GELU_EXACT: (_gelu_exact, None),
-    ActivationType.GEGLU_EXACT: (_gelu_exact, _identity),
+# Component name (ActivationType.names) -> x -> (f(x), f'(x)).
+_COMPONENTS: dict[str, _Pair] = {
+    "gelu": _gelu,
+    "gelu_exact": _gelu_exact,
+    "sigmoid": _sigmoid,
+    "silu": _silu,
+    "quick_gelu": _quick_gelu,
+    "relu": _relu,
+    "squared_relu": _squared_relu,
+    "clamped_silu": _clamped_silu,
+    "linear": _identity,
+    "clamped_linear": _clamped_linear,
 }
+
+
+def _components(act: ActivationType) -> list[_Pair]:
+    """``[f]`` or, gated, ``[f, linear half]``."""
+    return [_COMPONENTS[name] for name in act.names]
 
 
 def _compute_dtype(dtype) -> jnp.dtype:
@@ -145,23 +148,25 @@ def _resolve(activation_type, act_params) -> tuple[ActivationType, ActivationPar
 def act_lu(x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None) -> jax.Array:
     """Activation forward: ``(..., H) -> (..., H)``, or gated ``(..., 2, H) -> (..., H)``."""
     act, params = _resolve(activation_type, act_params)
-    fn, lin = _ACT[act]
     xf = x.astype(_compute_dtype(x.dtype))
-    if lin is None:
+    if not act.is_gated:
+        (fn,) = _components(act)
         y = fn(xf, params)[0]
     else:
+        fn, lin = _components(act)
         y = fn(xf[..., 0, :], params)[0] * lin(xf[..., 1, :], params)[0]
     return y.astype(x.dtype)
 
 
 def _dact_compute(dz, x, act, params):
     """The activation gradient in the compute dtype, with x's shape."""
-    fn, lin = _ACT[act]
     cdt = _compute_dtype(x.dtype)
     g = dz.astype(cdt)
     xf = x.astype(cdt)
-    if lin is None:
+    if not act.is_gated:
+        (fn,) = _components(act)
         return fn(xf, params)[1] * g
+    fn, lin = _components(act)
     f, df = fn(xf[..., 0, :], params)
     v, dv = lin(xf[..., 1, :], params)
     return jnp.stack([df * g * v, dv * g * f], axis=-2)
@@ -193,8 +198,7 @@ def quantize_dact_dbias(
     dxf = _dact_compute(dz, x, act, params)
     if not is_dbias:
         return dxf.astype(x.dtype), None
-    feature_rank = 2 if act.is_gated else 1
-    dbias = jnp.sum(dxf, axis=tuple(range(dxf.ndim - feature_rank)))
+    dbias = jnp.sum(dxf, axis=tuple(range(dxf.ndim - act.act_len)))
     return dxf.astype(x.dtype), dbias.astype(x.dtype)
 
 
@@ -217,7 +221,7 @@ _activation.defvjp(_activation_fwd, _activation_bwd)
 def activation(
     x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None
 ) -> jax.Array:
-    """Differentiable ``act_lu`` whose gradient is ``dact_lu`` (SPEC.md derivatives)."""
+    """Differentiable ``act_lu`` whose gradient is ``dact_lu`` (docs/numerics.md §1 derivatives)."""
     act, params = _resolve(activation_type, act_params)
     return _activation(x, act, params)
 
@@ -229,7 +233,7 @@ def activation(
 
 
 def _bias_act(act: ActivationType):
-    fn = _ACT[act][0]
+    (fn,) = _components(act)
 
     def bias_act(x: jax.Array, bias: jax.Array) -> jax.Array:
         cdt = _compute_dtype(jnp.result_type(x, bias))
@@ -241,7 +245,7 @@ def _bias_act(act: ActivationType):
 
 
 def _bgrad_dact(act: ActivationType):
-    fn = _ACT[act][0]
+    (fn,) = _components(act)
 
     def bgrad_dact(grad: jax.Array, x: jax.Array, bias: jax.Array):
         cdt = _compute_dtype(jnp.result_type(x, bias))

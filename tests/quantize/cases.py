@@ -1,5 +1,5 @@
 """Shared pieces of the quantization tests: the configurations, the input generator, one jitted
-runner, and the comparisons against ``quantize_oracle`` (SPEC.md §7)."""
+runner, and the comparisons against ``quantize_oracle`` (docs/numerics.md §7)."""
 
 from __future__ import annotations
 

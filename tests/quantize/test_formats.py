@@ -105,12 +105,14 @@ def test_tables():
     for dt, q in formats.Q_MAX.items():
         assert float(ml_dtypes.finfo(dt).max) == q
     assert formats.ALLOWED_Q_DTYPES[ScalingMode.NVFP4_1D_SCALING] == (E2M1,)
+    assert ScalingMode.NVFP4_1D_SCALING.impl.q_dtypes == (E2M1,)
     for mode in (
         ScalingMode.DELAYED_TENSOR_SCALING,
         ScalingMode.CURRENT_TENSOR_SCALING,
         ScalingMode.MXFP8_1D_SCALING,
     ):
         assert formats.ALLOWED_Q_DTYPES[mode] == (E4M3, E5M2)
+        assert mode.impl.q_dtypes == (E4M3, E5M2)
     assert formats.E8M0 == np.dtype(ml_dtypes.float8_e8m0fnu)
 
 

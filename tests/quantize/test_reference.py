@@ -1,6 +1,6 @@
 """te_jax.quantize.reference against the NumPy oracle: raw bits and scales equal for every mode,
 q_dtype, layout and input dtype; shapes as ``scale_shapes``; dequantized values within one ulp of
-the format (SPEC.md §7)."""
+the format (docs/numerics.md §7)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def elementwise_scale(res, cfg, nf, colwise=False):
 
 
 def assert_dequant_within_format(dq, y, res, cfg, nf=1, what=""):
-    """SPEC.md §7: ``|dequantize() - y|`` within one ulp of the format at ``y``'s scaled
+    """docs/numerics.md §7: ``|dequantize() - y|`` within one ulp of the format at ``y``'s scaled
     magnitude (plus one rounding to the output dtype), where that is meaningful: not where
     delayed scaling saturates, and for NVFP4 only in blocks whose E4M3 scale is normal (a
     subnormal or zero block scale is coarser than the data format)."""

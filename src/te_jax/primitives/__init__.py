@@ -1,7 +1,12 @@
-"""JAX primitives wrapping the te_jax FFI targets (one module per op family)."""
+"""JAX primitives wrapping the te_jax FFI targets (one module per op family).
+
+``act_lu`` and ``dact_dbias`` are the unquantized families, ``quantized`` (a package) the ops
+with an FP8 / FP4 output; ``base`` is their shared machinery and ``dbias_policy`` the dbias
+reduction's group count.
+"""
 
 from te_jax.primitives.act_lu import bind_act_lu
-from te_jax.primitives.dact_dbias import bind_dact_dbias, dbias_groups
-from te_jax.primitives.quantized import bind_quantized
+from te_jax.primitives.dact_dbias import bind_dact_dbias
+from te_jax.primitives.quantized import OpKind, QuantConfig, bind_quantized
 
-__all__ = ["bind_act_lu", "bind_dact_dbias", "bind_quantized", "dbias_groups"]
+__all__ = ["bind_act_lu", "bind_dact_dbias", "bind_quantized", "OpKind", "QuantConfig"]

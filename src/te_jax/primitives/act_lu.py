@@ -16,28 +16,21 @@ from jax.interpreters import batching
 from te_jax import reference
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scaling_modes import NoScaling, ScalingMode
 
 TARGET = "te_jax_act_lu"
-
-
-def _y_shape(x_shape, act: ActivationType):
-    return tuple(x_shape[:-2]) + (x_shape[-1],) if act.is_gated else tuple(x_shape)
 
 
 def _kernel(x, act, params, output_amax):
     """The local computation: one FFI call (zero-size inputs need no kernel)."""
     if x.size == 0:
-        y = jnp.zeros(_y_shape(x.shape, act), x.dtype)
+        y = jnp.zeros(act.output_shape(x.shape), x.dtype)
         return [y, jnp.zeros((1,), jnp.float32)] if output_amax else [y]
-    f32, empty = jnp.float32, jax.ShapeDtypeStruct((0,), jnp.float32)
-    results = [
-        jax.ShapeDtypeStruct(_y_shape(x.shape, act), x.dtype),  # output
-        empty,  # colwise_output, scale_inv, colwise_scale_inv: quantized modes only
-        empty,
-        empty,
-        jax.ShapeDtypeStruct((1,) if output_amax else (0,), f32),  # amax
-        empty,  # global_scale_inv: NVFP4 only
-    ]
+    f32 = jnp.float32
+    results = NoScaling.unquantized_ffi_results(
+        jax.ShapeDtypeStruct(act.output_shape(x.shape), x.dtype), output_amax
+    )
     y, _, _, _, amax, _ = base.ffi_call(
         TARGET,
         results,
@@ -45,8 +38,8 @@ def _kernel(x, act, params, output_amax):
         jnp.ones((1,), f32),  # scale
         jnp.zeros((1,), f32),  # amax
         act_enum=np.int64(act),
-        scaling_mode=base.NO_SCALING,
-        quantize_layout=base.ROWWISE,
+        scaling_mode=ScalingMode.NO_SCALING.impl.ffi_value,
+        quantize_layout=np.int64(QuantizeLayout.ROWWISE),
         act_params=base.act_params_attr(params),
         output_amax=np.bool_(output_amax),
     )
@@ -60,7 +53,7 @@ def _sharding_rule(act, params, output_amax, mesh, operand_types, result_types):
     rank = len(operand_types[0].shape)
     rows = base.row_factor_names(rank - act.act_len)
     x = rows + (["k"] if act.is_gated else []) + ["h"]
-    results = [" ".join(rows + ["h"])] + (["z"] if output_amax else [])
+    results = [" ".join(act.output_axes(x))] + (["z"] if output_amax else [])
     rule = f"{' '.join(x)} -> {', '.join(results)}"
     return rule, ({"need_replication_factors": ("k",)} if act.is_gated else {})
 
@@ -70,7 +63,7 @@ def _partition(act, params, output_amax, mesh, arg_shapes, result_shape):
     x_spec = base.spec_of(arg_shapes[0], rank)
     if act.is_gated:
         x_spec[-2] = None  # the act axis is never split: a and b of one column stay together
-    y_spec = x_spec[:-2] + x_spec[-1:] if act.is_gated else x_spec
+    y_spec = act.output_axes(x_spec)
     out_shardings = [base.named(mesh, y_spec)]
     if output_amax:
         out_shardings.append(base.named(mesh, [None]))
@@ -95,7 +88,7 @@ act_lu_p = base.make_primitive("te_jax_act_lu")
 
 @act_lu_p.def_abstract_eval
 def _act_lu_abstract(x, *, act, params, output_amax):
-    y = ShapedArray(_y_shape(x.shape, act), x.dtype)
+    y = ShapedArray(act.output_shape(x.shape), x.dtype)
     return (y, ShapedArray((1,), jnp.float32)) if output_amax else (y,)
 
 

@@ -32,10 +32,6 @@ from te_jax.activation_types import ActivationParams, ClampedSwiGLUParams
 # Lowering platforms te_jax has kernels for (when its extension is built).
 KERNEL_PLATFORMS = ("cpu", "cuda")
 
-# Attribute values of the quantization arguments for the unquantized path (SPEC.md §4).
-NO_SCALING = np.int64(0)
-ROWWISE = np.int64(0)
-
 
 def act_params_attr(params: ActivationParams | None) -> dict:
     """The ``act_params`` struct attribute; the FFI always receives every field."""

@@ -8,7 +8,7 @@ kernel's rows: each keeps its own dbias. With ``output_amax``: ``amax = max|dx|`
 
 dbias is reduced deterministically in two stages: the kernel writes per-row-group float32 partial
 sums to a workspace ``[batches, groups, act_len * H]`` and sums them in a fixed order. The group
-count depends only on the shape (``dbias_groups``), so the result never depends on the device.
+count depends only on the shape (``dbias_policy``), so the result never depends on the device.
 """
 
 from __future__ import annotations
@@ -25,64 +25,26 @@ from jax.interpreters import batching
 
 from te_jax import reference
 from te_jax.activation_types import ActivationParams, ActivationType
-from te_jax.primitives import base
+from te_jax.primitives import base, dbias_policy
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scaling_modes import NoScaling, ScalingMode
 
 TARGET = "te_jax_dact_dbias_quantize"
 
-# Row groups per batch for the two-stage dbias reduction. A function of the shape and dtype only
-# (never of the device), so results are the same everywhere. The CUDA kernels run one block per
-# (column tile of 32 16-byte vectors, batch, group). The unquantized kernel (dact_dbias.cu) aims
-# at ~32768 blocks: on an H100 (1 GiB operands, H = 4096) its main kernel ran at 0.98 of copy
-# bandwidth with 8192 blocks of 256 rows and at 1.00 with 32768 blocks of 64 rows, the shorter
-# blocks leaving less of the last wave idle; the finalize then reads a 16 MiB workspace, and the
-# pair gained ~1.5% in all (docs/performance.md). The quantized tile kernels (quantize.cuh) were
-# tuned at ~8192 blocks and keep that. At least 64 rows a group keeps the float32 workspace under
-# ~3% of the data it sums. On the CPU, groups are the tasks.
-_TARGET_BLOCKS = 32768
-_MAX_GROUPS = 2048
-QUANTIZED_TARGET_BLOCKS = 8192
-QUANTIZED_MAX_GROUPS = 512
-_MIN_ROWS_PER_GROUP = 64
-
-
-def dbias_groups(
-    rows_per_batch: int,
-    hidden: int,
-    itemsize: int,
-    *,
-    target_blocks: int = _TARGET_BLOCKS,
-    max_groups: int = _MAX_GROUPS,
-) -> int:
-    """Row groups per batch: ~target_blocks / column tiles, >= 64 rows each, <= max_groups."""
-    col_tiles = max(1, math.ceil(hidden / (32 * (16 // itemsize))))
-    want = math.ceil(target_blocks / col_tiles)
-    return max(1, min(max_groups, want, math.ceil(rows_per_batch / _MIN_ROWS_PER_GROUP)))
-
-
-def _feature_shape(x_shape, act: ActivationType):
-    return tuple(x_shape[-act.act_len :])
-
 
 def _ffi_results(x, act, is_dbias, n_batch, output_amax) -> list[jax.ShapeDtypeStruct]:
-    """Result buffers of the NO_SCALING call (the quantized ones are empty)."""
+    """Result buffers of the unquantized call: the FFI contract's six, dbias, workspace."""
     sds, f32 = jax.ShapeDtypeStruct, jnp.float32
-    feature = _feature_shape(x.shape, act)
+    feature = act.feature_shape(x.shape)
     if is_dbias:
         batches = math.prod(x.shape[:n_batch])
         rows = math.prod(x.shape[n_batch : x.ndim - act.act_len])
         dbias = sds(tuple(x.shape[:n_batch]) + feature, x.dtype)
-        groups = dbias_groups(rows, x.shape[-1], x.dtype.itemsize)
+        groups = dbias_policy.UNQUANTIZED.groups(rows, x.shape[-1], x.dtype.itemsize)
         workspace = sds((batches, groups, math.prod(feature)), f32)
     else:
         dbias, workspace = sds((0,), x.dtype), sds((0,), f32)
-    empty = sds((0,), f32)
-    return [
-        sds(x.shape, x.dtype),  # output
-        empty,  # colwise_output, scale_inv, colwise_scale_inv: quantized modes only
-        empty,
-        empty,
-        sds((1,) if output_amax else (0,), f32),  # amax
-        empty,  # global_scale_inv: NVFP4 only
+    return NoScaling.unquantized_ffi_results(sds(x.shape, x.dtype), output_amax) + [
         dbias,
         workspace,
     ]
@@ -94,8 +56,7 @@ def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_works
     With ``dbias_from_workspace`` the dbias is returned as float32 partial sums of the local rows
     (summed from the kernel's workspace) so that a cross-shard sum keeps float32 precision.
     """
-    feature = _feature_shape(x.shape, act)
-    dbias_shape = tuple(x.shape[:n_batch]) + feature
+    dbias_shape = tuple(x.shape[:n_batch]) + act.feature_shape(x.shape)
     if x.size == 0:
         outs = [jnp.zeros(x.shape, x.dtype)]
         if is_dbias:
@@ -111,9 +72,9 @@ def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_works
         x,
         jnp.ones((1,), jnp.float32),  # scale
         jnp.zeros((1,), jnp.float32),  # amax
-        scaling_mode=base.NO_SCALING,
+        scaling_mode=ScalingMode.NO_SCALING.impl.ffi_value,
         act_enum=np.int64(act),
-        quantize_layout=base.ROWWISE,
+        quantize_layout=np.int64(QuantizeLayout.ROWWISE),
         is_dbias=np.bool_(is_dbias),
         act_params=base.act_params_attr(params),
         output_amax=np.bool_(output_amax),
@@ -133,8 +94,9 @@ def _sharding_rule(act, params, is_dbias, n_batch, output_amax, mesh, operand_ty
     rank = len(operand_types[1].shape)
     lead = base.row_factor_names(rank - act.act_len)
     k = ["k"] if act.is_gated else []
-    dz = " ".join(lead + ["h"])
-    x = " ".join(lead + k + ["h"])
+    x_factors = lead + k + ["h"]
+    dz = " ".join(act.output_axes(x_factors))
+    x = " ".join(x_factors)
     results = [x]
     if is_dbias:
         results.append(" ".join(lead[:n_batch] + k + ["h"]))
@@ -153,7 +115,7 @@ def _partition(act, params, is_dbias, n_batch, output_amax, mesh, arg_shapes, re
     x_spec = base.spec_of(arg_shapes[1], rank)
     if act.is_gated:
         x_spec[-2] = None  # never split the act axis
-    dz_spec = x_spec[:-2] + x_spec[-1:] if act.is_gated else list(x_spec)
+    dz_spec = act.output_axes(x_spec)
     n_lead = rank - act.act_len
     row_axes = base.mesh_axes(x_spec[n_batch:n_lead])
     out_shardings = [base.named(mesh, x_spec)]
@@ -198,7 +160,7 @@ dact_dbias_p = base.make_primitive("te_jax_dact_dbias")
 def _abstract(dz, x, *, act, params, is_dbias, n_batch, output_amax):
     outs = [ShapedArray(x.shape, x.dtype)]
     if is_dbias:
-        outs.append(ShapedArray(tuple(x.shape[:n_batch]) + _feature_shape(x.shape, act), x.dtype))
+        outs.append(ShapedArray(tuple(x.shape[:n_batch]) + act.feature_shape(x.shape), x.dtype))
     if output_amax:
         outs.append(ShapedArray((1,), jnp.float32))
     return outs

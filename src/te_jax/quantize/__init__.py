@@ -6,13 +6,19 @@
     q = te_jax.quantize(x, MXFP8Quantizer(jnp.float8_e4m3fn, QuantizeLayout.ROWWISE_COLWISE))
     x_approx = q.dequantize()
 
-Calling the module quantizes ``x`` with the FFI kernel where there is one (``te_jax.quantize_op``)
-and the pure-JAX ``te_jax.quantize.reference`` otherwise; see ``docs/quantization.md``.
+Calling the module quantizes ``x`` with the FFI kernel where there is one
+(``te_jax.quantized.quantize``) and the pure-JAX ``te_jax.quantize.reference`` otherwise; see
+``docs/quantization.md``.
 
-Modules: ``modes`` (ScalingMode, QuantizeLayout), ``formats`` (the FP8/FP4 formats and the
-saturating cast), ``quantizers``, ``scaled_tensor``, ``layout`` (blocks, transposes, shapes,
-input checks), ``reference`` (the math), ``ieee`` (float32 arithmetic independent of the
-backend's denormal mode).
+Modules: ``scaling_modes`` (ScalingMode and one description per mode: its dtypes, shapes,
+kernel inputs, sharding factors and arithmetic), ``quantize_layout`` (QuantizeLayout),
+``formats`` (the FP8/FP4 formats and the saturating cast), ``geometry`` (where blocks and
+transposes fall), ``scale_math`` (amax and the scale formulas), ``quantizers``,
+``scaled_tensor``, ``layout`` (output shapes, input checks), ``reference`` (quantize in pure
+JAX), ``ieee`` (float32 arithmetic independent of the backend's denormal mode).
+
+This package does not import ``te_jax.primitives`` (which imports it); the FFI path of the
+callable module is imported on first call.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import sys
 import types
 
 from te_jax.quantize import formats, ieee, layout, reference
-from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
@@ -30,6 +36,7 @@ from te_jax.quantize.quantizers import (
     Quantizer,
 )
 from te_jax.quantize.scaled_tensor import ScaledTensor
+from te_jax.quantize.scaling_modes import ScalingMode
 
 __all__ = [
     "ScalingMode",
@@ -51,8 +58,8 @@ class _QuantizeModule(types.ModuleType):
     """The ``te_jax.quantize`` package, callable as ``te_jax.quantize(x, quantizer)``."""
 
     def __call__(self, x, quantizer, *, implementation: str | None = None) -> ScaledTensor:
-        """Quantizes ``x`` (see ``te_jax.quantize_op.quantize``); returns a ``ScaledTensor``."""
-        from te_jax.quantize_op import quantize as _quantize  # noqa: PLC0415 -- cycle
+        """Quantizes ``x`` (see ``te_jax.quantized.quantize``); returns a ``ScaledTensor``."""
+        from te_jax.quantized import quantize as _quantize  # noqa: PLC0415 -- cycle
 
         return _quantize(x, quantizer, implementation=implementation)
 

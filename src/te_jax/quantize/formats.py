@@ -1,4 +1,4 @@
-"""The quantized number formats (SPEC.md §3) and which scaling mode takes which.
+"""The quantized number formats (docs/numerics.md §3).
 
 | dtype            | Q (max finite) | used by                                  |
 |------------------|----------------|------------------------------------------|
@@ -6,6 +6,9 @@
 | float8_e5m2      | 57344          | delayed, current, MXFP8 data             |
 | float4_e2m1fn    | 6              | NVFP4 data                               |
 | float8_e8m0fnu   | 2^127          | MXFP8 scales (a biased power of two)     |
+
+Which mode takes which is said by the modes themselves (``ScalingMode.X.impl.q_dtypes``);
+``ALLOWED_Q_DTYPES`` and ``DEFAULT_Q_DTYPE`` are views of that.
 
 Casts to these formats round to nearest, ties to even, and saturate: ``saturating_cast`` clips to
 ``±Q`` first, because the plain conversion (XLA's and ml_dtypes') overflows E4M3 to NaN and E5M2
@@ -24,16 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from te_jax.quantize.modes import ScalingMode
-
 __all__ = [
     "E4M3",
     "E5M2",
     "E2M1",
     "E8M0",
     "Q_MAX",
-    "ALLOWED_Q_DTYPES",
-    "DEFAULT_Q_DTYPE",
+    "ALLOWED_Q_DTYPES",  # noqa: F822 -- module __getattr__
+    "DEFAULT_Q_DTYPE",  # noqa: F822 -- module __getattr__
     "q_max",
     "normalize_q_dtype",
     "saturating_cast",
@@ -47,17 +48,6 @@ E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
 Q_MAX: dict[np.dtype, float] = {E4M3: 448.0, E5M2: 57344.0, E2M1: 6.0}
 
-ALLOWED_Q_DTYPES: dict[ScalingMode, tuple[np.dtype, ...]] = {
-    ScalingMode.DELAYED_TENSOR_SCALING: (E4M3, E5M2),
-    ScalingMode.CURRENT_TENSOR_SCALING: (E4M3, E5M2),
-    ScalingMode.MXFP8_1D_SCALING: (E4M3, E5M2),
-    ScalingMode.NVFP4_1D_SCALING: (E2M1,),
-}
-
-DEFAULT_Q_DTYPE: dict[ScalingMode, np.dtype] = {
-    mode: dtypes[0] for mode, dtypes in ALLOWED_Q_DTYPES.items()
-}
-
 
 def q_max(q_dtype) -> float:
     """The largest finite value ``Q`` of a quantized format."""
@@ -67,13 +57,26 @@ def q_max(q_dtype) -> float:
     return Q_MAX[dt]
 
 
-def normalize_q_dtype(q_dtype, mode: ScalingMode, what: str = "q_dtype") -> np.dtype:
+def __getattr__(name: str):
+    # The per-mode dtype tables, derived from the mode descriptions (imported here, on first
+    # use, because the descriptions are built on this module).
+    if name in ("ALLOWED_Q_DTYPES", "DEFAULT_Q_DTYPE"):
+        from te_jax.quantize.scaling_modes import ScalingMode  # noqa: PLC0415
+
+        allowed = {m: m.impl.q_dtypes for m in ScalingMode if m.impl.q_dtypes}
+        if name == "ALLOWED_Q_DTYPES":
+            return allowed
+        return {m: dtypes[0] for m, dtypes in allowed.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def normalize_q_dtype(q_dtype, mode, what: str = "q_dtype") -> np.dtype:
     """``q_dtype`` (a jnp/np dtype, scalar type or name) as an ``np.dtype`` allowed by ``mode``.
 
     Raises:
       ValueError: naming the dtype given and the ones ``mode`` allows.
     """
-    allowed = ALLOWED_Q_DTYPES[mode]
+    allowed = mode.impl.q_dtypes
     try:
         dt = np.dtype(q_dtype)
     except TypeError:

@@ -1,11 +1,11 @@
 """IEEE-754 float32 arithmetic that does not depend on the backend's denormal mode.
 
 XLA:CPU runs compiled code with denormals flushed: a subnormal float32 operand is read as zero
-(DAZ) and a subnormal result is written as zero (FTZ), in ``jit`` and eager alike. SPEC.md asks for
-float32 arithmetic, and the GPU kernels (and NumPy) keep subnormals, so the quantization reference
-cannot use plain ``*``, ``/``, ``==`` or ``max`` wherever a subnormal can occur: a tensor of tiny
-values (amax ~1e-38) gets a scale near float32 max, and ``1/scale``, ``y * scale`` and the MXFP8
-multiplier ``2^-127`` all touch the subnormal range.
+(DAZ) and a subnormal result is written as zero (FTZ), in ``jit`` and eager alike.
+docs/numerics.md asks for float32 arithmetic, and the GPU kernels (and NumPy) keep subnormals, so
+the quantization reference cannot use plain ``*``, ``/``, ``==`` or ``max`` wherever a subnormal
+can occur: a tensor of tiny values (amax ~1e-38) gets a scale near float32 max, and ``1/scale``,
+``y * scale`` and the MXFP8 multiplier ``2^-127`` all touch the subnormal range.
 
 The helpers here work on the bit patterns with integer ops, which no denormal mode affects:
 
@@ -227,10 +227,8 @@ def _significand(m):
 
 # The long division's steps between optimisation barriers. Without them XLA fuses the whole
 # 24-step chain, and where its operands are themselves exact products / quotients (NVFP4's
-# y·S / block_scale) jax 0.11's XLA:CPU compiler does not finish in minutes (measured on the
-# H100 machine: te_jax.quantize(x[64, 64], NVFP4Quantizer(), implementation="xla") over 45 s
-# unfinished; 1.7 s with a barrier every 4 steps; jax 0.10.2: 2.8 s without, 2.4 s with). The
-# barriers change no value: each one only makes (q, r) a fusion boundary.
+# y·S / block_scale) XLA:CPU's compile time explodes (docs/performance.md). The barriers change
+# no value: each one only makes (q, r) a fusion boundary.
 _DIV_STEPS_PER_FUSION = 4
 
 

@@ -1,8 +1,10 @@
 """Where the blocks and the transpose fall, the output shapes, and input validation.
 
-A tensor of shape ``leading + features`` is viewed as the flattened 2-D ``[M, N]`` (SPEC.md §5),
-``M = prod(leading)``, ``N = prod(features)``; ``features`` is the last ``n_feature_axes`` axes:
-1 for ``act_lu`` outputs and plain tensors, 2 for a gated ``dact`` output ``(..., 2, H)``.
+A tensor of shape ``leading + features`` is viewed as the flattened 2-D ``[M, N]``
+(docs/numerics.md §5), ``M = prod(leading)``, ``N = prod(features)``; ``features`` is the last
+``n_feature_axes`` axes: 1 for ``act_lu`` outputs and plain tensors, 2 for a gated ``dact``
+output ``(..., 2, H)``. The block and transpose helpers are ``geometry``'s, the shapes each
+mode's (``ScalingMode.X.impl.shapes``).
 
 * Tensor scaling, colwise: the transpose ``[N, M]``, stored as ``features + leading`` (``(B, T, H)``
   -> ``(H, B, T)``; ``(B, T, 2, H)`` with 2 feature axes -> ``(2, H, B, T)``).
@@ -22,8 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_jax.quantize import formats
-from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+from te_jax.quantize.geometry import (
+    Geometry,
+    block_axis,
+    block_scale_shape,
+    colwise_perm,
+    split_blocks,
+)
+from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import Quantizer
+from te_jax.quantize.scaling_modes import ScalingMode
 
 __all__ = [
     "block_axis",
@@ -38,36 +48,9 @@ __all__ = [
 Shape = tuple[int, ...]
 
 
-def block_axis(ndim: int, n_feature_axes: int, colwise: bool) -> int:
-    """The axis the blocks run along: the last one (rowwise) or the innermost leading one."""
-    return ndim - n_feature_axes - 1 if colwise else ndim - 1
-
-
-def colwise_perm(ndim: int, n_feature_axes: int) -> tuple[int, ...]:
-    """The ``transpose`` permutation from ``leading + features`` to ``features + leading``."""
-    n_lead = ndim - n_feature_axes
-    return tuple(range(n_lead, ndim)) + tuple(range(n_lead))
-
-
-def block_scale_shape(shape: Shape, axis: int, block: int) -> Shape:
-    """``shape`` with ``axis`` divided by ``block``: one scale per block."""
-    shape = tuple(shape)
-    return shape[:axis] + (shape[axis] // block,) + shape[axis + 1 :]
-
-
-def split_blocks(x: jax.Array, axis: int, block: int) -> jax.Array:
-    """``x`` with ``axis`` split into ``(size // block, block)``: the block is axis ``axis + 1``."""
-    s = x.shape
-    return x.reshape(s[:axis] + (s[axis] // block, block) + s[axis + 1 :])
-
-
 def _where(op_name: str) -> str:
     """The op's public name for messages: ``quantize`` and ``te_jax.quantize`` both work."""
     return op_name if op_name.startswith("te_jax.") else f"te_jax.{op_name}"
-
-
-def _sds(shape, dtype) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
 
 
 def scale_shapes(
@@ -98,39 +81,17 @@ def scale_shapes(
     mode = ScalingMode(scaling_mode)
     layout = QuantizeLayout(q_layout)
     shape = tuple(int(d) for d in shape)
-    if mode is ScalingMode.NO_SCALING:
-        raise ValueError("scale_shapes: NO_SCALING produces no quantized tensor")
+    spec = mode.impl
+    if not spec.quantizes:
+        raise ValueError(f"scale_shapes: {mode.name} produces no quantized tensor")
     check_geometry(shape, mode, layout, n_feature_axes, "scale_shapes")
-    q_dtype = formats.DEFAULT_Q_DTYPE[mode] if q_dtype is None else q_dtype
+    q_dtype = spec.q_dtypes[0] if q_dtype is None else q_dtype
     q_dtype = formats.normalize_q_dtype(q_dtype, mode)
-    ndim = len(shape)
-    f32 = np.dtype(np.float32)
-    out: dict[str, jax.ShapeDtypeStruct | None] = dict.fromkeys(
-        ("data", "scale_inv", "colwise_data", "colwise_scale_inv", "amax", "global_scale_inv")
-    )
-    if layout.has_rowwise:
-        out["data"] = _sds(shape, q_dtype)
-    if mode.is_tensor_scaling:
-        out["scale_inv"] = _sds((), f32)
-        out["amax"] = _sds((), f32)
-        if layout.has_colwise:
-            perm = colwise_perm(ndim, n_feature_axes)
-            out["colwise_data"] = _sds(tuple(shape[i] for i in perm), q_dtype)
-            out["colwise_scale_inv"] = _sds((), f32)
-        return out
-    block = mode.block_size
-    scale_dtype = formats.E8M0 if mode is ScalingMode.MXFP8_1D_SCALING else formats.E4M3
-    if layout.has_rowwise:
-        axis = block_axis(ndim, n_feature_axes, colwise=False)
-        out["scale_inv"] = _sds(block_scale_shape(shape, axis, block), scale_dtype)
-    if layout.has_colwise:
-        axis = block_axis(ndim, n_feature_axes, colwise=True)
-        out["colwise_data"] = _sds(shape, q_dtype)
-        out["colwise_scale_inv"] = _sds(block_scale_shape(shape, axis, block), scale_dtype)
-    if mode is ScalingMode.NVFP4_1D_SCALING:
-        out["amax"] = _sds((), f32)
-        out["global_scale_inv"] = _sds((), f32)
-    return out
+    shapes = spec.shapes(Geometry.of(shape, n_feature_axes), layout, q_dtype, per_tensor=())
+    if spec.is_tensor_scaling and layout.has_colwise:
+        shapes["colwise_scale_inv"] = shapes["scale_inv"]  # one scale for both copies
+    fields = ("data", "scale_inv", "colwise_data", "colwise_scale_inv", "amax", "global_scale_inv")
+    return {name: shapes.get(name) for name in fields}
 
 
 def check_geometry(
@@ -159,9 +120,9 @@ def check_geometry(
         )
     if ndim == 0:
         raise ValueError(f"{where}: cannot quantize a scalar; the input needs a feature axis")
-    if not scaling_mode.is_block_scaling:
+    block = scaling_mode.impl.block_size
+    if block is None:
         return
-    block = scaling_mode.block_size
     mode = scaling_mode.name
     if q_layout.has_rowwise and shape[-1] % block:
         raise ValueError(

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_jax.quantize import formats, ieee
-from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scaling_modes import ScalingMode
 
 __all__ = [
     "Quantizer",
@@ -77,6 +78,19 @@ class Quantizer:
         )
         object.__setattr__(self, "q_layout", _normalize_layout(self.q_layout))
 
+    @classmethod
+    def for_mode(cls, scaling_mode, q_dtype, q_layout, scale=None) -> Quantizer:
+        """A quantizer of ``scaling_mode`` with this configuration (delayed scaling: with
+        ``scale`` as its state). Raises ValueError for a mode no quantizer has."""
+        mode = ScalingMode(scaling_mode)
+        if mode not in _BY_MODE:
+            raise ValueError(f"{mode.name} has no quantizer (it does not quantize)")
+        return _BY_MODE[mode]._from_config(q_dtype, q_layout, scale)
+
+    @classmethod
+    def _from_config(cls, q_dtype, q_layout, scale) -> Quantizer:
+        return cls(q_dtype=q_dtype, q_layout=q_layout)
+
     @property
     def q_max(self) -> float:
         """The largest finite value ``Q`` of ``q_dtype`` (448, 57344 or 6)."""
@@ -102,8 +116,13 @@ class Quantizer:
         return obj
 
 
+_BY_MODE: dict[ScalingMode, type[Quantizer]] = {}
+
+
 def _register(cls):
-    """Registers a quantizer dataclass as a pytree (after the dataclass decorator has run)."""
+    """Registers a quantizer dataclass as a pytree (after the dataclass decorator has run), and
+    as the quantizer of its scaling mode."""
+    _BY_MODE[cls.scaling_mode] = cls
     cls._static_fields = tuple(
         f.name for f in dataclasses.fields(cls) if f.name not in cls._leaf_fields
     )
@@ -116,7 +135,7 @@ def _register(cls):
 @_register
 @dataclasses.dataclass(frozen=True)
 class CurrentScaleQuantizer(Quantizer):
-    """Current tensor scaling: the scale comes from this tensor's own amax (SPEC.md §4).
+    """Current tensor scaling: the scale comes from this tensor's own amax (docs/numerics.md §4).
 
     ``scale = Q / max|y|`` (1 when the amax is 0, float32 max when the quotient overflows);
     ``q = sat(y · scale)``; ``scale_inv = 1 / scale``. Two passes over the data (amax, then
@@ -135,7 +154,7 @@ class CurrentScaleQuantizer(Quantizer):
 @_register
 @dataclasses.dataclass(frozen=True)
 class MXFP8Quantizer(Quantizer):
-    """MXFP8 block scaling: an E8M0 power-of-two scale per 32 elements (SPEC.md §4).
+    """MXFP8 block scaling: an E8M0 power-of-two scale per 32 elements (docs/numerics.md §4).
 
     Rowwise blocks run along the last axis, colwise blocks down the rows (32 consecutive rows
     of the flattened 2-D tensor). ``scale_inv = 2^e`` with ``e = ceil(log2(amax_block / Q))``;
@@ -154,7 +173,8 @@ class MXFP8Quantizer(Quantizer):
 @_register
 @dataclasses.dataclass(frozen=True)
 class NVFP4Quantizer(Quantizer):
-    """NVFP4: E2M1 data, an E4M3 scale per 16 elements and a float32 global scale (SPEC.md §4).
+    """NVFP4: E2M1 data, an E4M3 scale per 16 elements and a float32 global scale
+    (docs/numerics.md §4).
 
     ``S = 6·448 / max|y|``; ``block_scale = e4m3((amax_block / 6) · S)``;
     ``q = e2m1((y · S) / block_scale)``; ``y ≈ q · block_scale / S``. No state.
@@ -172,7 +192,7 @@ class NVFP4Quantizer(Quantizer):
 @_register
 @dataclasses.dataclass(frozen=True, eq=False)
 class DelayedScaleQuantizer(Quantizer):
-    """Delayed tensor scaling: the scale comes from the amaxes of past steps (SPEC.md §4).
+    """Delayed tensor scaling: the scale comes from the amaxes of past steps (docs/numerics.md §4).
 
     State (pytree leaves): ``scale``, float32 ``()``, and ``amax_history``, float32 ``(L,)``.
     Quantizing uses ``scale`` as it is (``q = sat(y · scale)``, ``scale_inv = 1 / scale``) and
@@ -238,13 +258,24 @@ class DelayedScaleQuantizer(Quantizer):
             amax_history=jnp.zeros((int(amax_history_len),), jnp.float32),
         )
 
+    @classmethod
+    def _from_config(cls, q_dtype, q_layout, scale) -> DelayedScaleQuantizer:
+        if scale is None:
+            raise ValueError("te_jax.quantize_with_scale: DELAYED_TENSOR_SCALING needs a scale")
+        return cls(
+            q_dtype=q_dtype,
+            q_layout=q_layout,
+            scale=scale,
+            amax_history=jnp.zeros((1,), jnp.float32),  # not used to quantize
+        )
+
     @property
     def amax_history_len(self) -> int:
         """``L``, the length of the history (the last axis of ``amax_history``)."""
         return self.amax_history.shape[-1]
 
     def update(self, amax) -> DelayedScaleQuantizer:
-        """The quantizer for the next step, given the amax this step measured (SPEC.md §4).
+        """The quantizer for the next step, given the amax this step measured (docs/numerics.md §4).
 
         With ``h = amax_history`` and ``Q = q_max``::
 
@@ -252,7 +283,7 @@ class DelayedScaleQuantizer(Quantizer):
             a = max(h)              # or h[0] with amax_compute_algo="most_recent"
             scale = (Q / a) / 2^margin, unless a <= 0, a is not finite, or that scale is not
                     finite (a subnormal a): then unchanged (the last is te_jax's refinement of
-                    SPEC.md, which would give an infinite scale)
+                    docs/numerics.md, which would give an infinite scale)
             h = roll(h, -1); h[0] = 0
 
         so after the update the newest amax sits in the last slot and slot 0 is free for the

@@ -1,4 +1,4 @@
-"""``ScaledTensor``: quantized data with the scales that dequantize it (SPEC.md §4, §5).
+"""``ScaledTensor``: quantized data with the scales that dequantize it (docs/numerics.md §4, §5).
 
 ``dequantized = data · scale_inv``, the scale broadcast over its tensor or block:
 
@@ -29,12 +29,11 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from te_jax.quantize import formats, ieee, layout
-from te_jax.quantize.modes import QuantizeLayout, ScalingMode
+from te_jax.quantize import formats
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scaling_modes import ScalingMode
 
 __all__ = ["ScaledTensor"]
 
@@ -78,22 +77,20 @@ class ScaledTensor:
         object.__setattr__(self, "n_feature_axes", int(self.n_feature_axes))
         # Catch wiring mistakes where the tensor is built (not on unflatten, which bypasses
         # __init__ and may carry placeholders instead of arrays).
-        lay, mode = self.q_layout, self.scaling_mode
-        if mode.is_tensor_scaling and lay.has_colwise and self.colwise_scale_inv is None:
+        lay, spec = self.q_layout, self.scaling_mode.impl
+        if not spec.quantizes:
+            raise ValueError(
+                f"ScaledTensor: {spec.name} output is a plain array, not a ScaledTensor"
+            )
+        if spec.is_tensor_scaling and lay.has_colwise and self.colwise_scale_inv is None:
             # One scale serves both copies; fill the colwise field so consumers need no case.
             object.__setattr__(self, "colwise_scale_inv", self.scale_inv)
-        if mode is ScalingMode.NO_SCALING:
-            raise ValueError("ScaledTensor: NO_SCALING output is a plain array, not a ScaledTensor")
-        for name, want in (
-            ("data", lay.has_rowwise),
-            ("colwise_data", lay.has_colwise),
-            ("colwise_scale_inv", lay.has_colwise),
-            ("scale_inv", lay.has_rowwise or mode.is_tensor_scaling),
-            ("global_scale_inv", mode is ScalingMode.NVFP4_1D_SCALING),
-        ):
+        produced = spec.scaled_tensor_fields(lay)
+        for name in ("data", "colwise_data", "colwise_scale_inv", "scale_inv", "global_scale_inv"):
+            want = name in produced
             if (getattr(self, name) is not None) != want:
                 raise ValueError(
-                    f"ScaledTensor({mode.name}, {lay.name}): {name} must be "
+                    f"ScaledTensor({spec.name}, {lay.name}): {name} must be "
                     + ("given" if want else "None")
                 )
 
@@ -104,10 +101,9 @@ class ScaledTensor:
         """The logical (dequantized) shape, read off the data leaves."""
         if self.data is not None:
             return tuple(self.data.shape)
-        s = tuple(self.colwise_data.shape)
-        if self.scaling_mode.is_tensor_scaling:  # features + leading -> leading + features
-            return s[self.n_feature_axes :] + s[: self.n_feature_axes]
-        return s
+        return self.scaling_mode.impl.logical_shape_of_colwise(
+            self.colwise_data.shape, self.n_feature_axes
+        )
 
     @property
     def ndim(self) -> int:
@@ -138,24 +134,10 @@ class ScaledTensor:
         q = self.colwise_data if colwise else self.data
         s = self.colwise_scale_inv if colwise else self.scale_inv
         v = formats.to_float32(q)  # not astype: see formats.to_float32
-        mode = self.scaling_mode
-        if mode.is_tensor_scaling:
-            v = ieee.mul(v, jnp.asarray(s, jnp.float32).reshape(()))
-            if colwise:
-                perm = layout.colwise_perm(v.ndim, self.n_feature_axes)
-                v = jnp.transpose(v, np.argsort(perm))
-            return v.astype(self.dq_dtype)
-        axis = layout.block_axis(v.ndim, self.n_feature_axes, colwise)
-        blocks = layout.split_blocks(v, axis, mode.block_size)
-        if mode is ScalingMode.MXFP8_1D_SCALING:
-            # 2^e from the E8M0 bits, applied exactly (2^-127 is subnormal in float32).
-            e = lax.bitcast_convert_type(s, jnp.uint8).astype(jnp.int32) - 127
-            out = ieee.ldexp(blocks, jnp.expand_dims(e, axis + 1))
-            out = jnp.where(jnp.expand_dims(e == 128, axis + 1), jnp.float32(jnp.nan), out)
-        else:
-            bs = jnp.expand_dims(formats.to_float32(s), axis + 1)
-            out = ieee.mul(ieee.mul(blocks, bs), jnp.asarray(self.global_scale_inv, jnp.float32))
-        return out.reshape(v.shape).astype(self.dq_dtype)
+        v = self.scaling_mode.impl.dequantize(
+            v, s, self.global_scale_inv, colwise, self.n_feature_axes
+        )
+        return v.astype(self.dq_dtype)
 
 
 def _flatten(t: ScaledTensor):

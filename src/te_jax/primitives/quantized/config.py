@@ -1,0 +1,68 @@
+"""The static parameters of a quantized call: which op (``OpKind``) and how (``QuantConfig``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+
+import numpy as np
+
+from te_jax.activation_types import ActivationType
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scaling_modes import ScalingMode, ScalingModeImpl
+
+__all__ = ["OpKind", "QuantConfig"]
+
+
+class OpKind(enum.Enum):
+    """The op whose output ``y`` is quantized.
+
+    * ``ACT``: ``x -> act(x)``; ``y`` has ``act.output_shape(x.shape)``, one feature axis.
+    * ``QUANTIZE``: ``x -> x`` (the standalone quantize); one feature axis.
+    * ``DACT``: ``(dz, x) -> act'(x)·dz`` (with dbias); ``y`` has x's shape and
+      ``act.act_len`` feature axes (``(2, H)`` for a gated activation).
+    """
+
+    ACT = "act"
+    QUANTIZE = "quantize"
+    DACT = "dact"
+
+    @property
+    def n_operands(self) -> int:
+        """Array operands before the per-tensor scale: ``(dz, x)`` for DACT, else ``(x,)``."""
+        return 2 if self is OpKind.DACT else 1
+
+    def output_axes(self, act: ActivationType | None, x_axes: Sequence) -> list:
+        """The per-axis entries (sizes, PartitionSpec entries, factors) of ``y`` from x's."""
+        return act.output_axes(x_axes) if self is OpKind.ACT else list(x_axes)
+
+    def output_shape(self, act: ActivationType | None, x_shape: Sequence[int]) -> tuple:
+        """The shape of ``y`` for ``x`` of shape ``x_shape``."""
+        return tuple(self.output_axes(act, x_shape))
+
+    def n_feature_axes(self, act: ActivationType | None) -> int:
+        """The trailing axes of ``y`` folded into N (docs/numerics.md §5)."""
+        return act.act_len if self is OpKind.DACT else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig:
+    """The static part of a quantizer: what the kernels and the shapes depend on."""
+
+    mode: ScalingMode
+    layout: QuantizeLayout
+    q_dtype: np.dtype
+
+    @classmethod
+    def of(cls, quantizer) -> QuantConfig:
+        return cls(
+            ScalingMode(quantizer.scaling_mode),
+            QuantizeLayout(quantizer.q_layout),
+            np.dtype(quantizer.q_dtype),
+        )
+
+    @property
+    def spec(self) -> ScalingModeImpl:
+        """The scaling mode's description."""
+        return self.mode.impl

@@ -1,0 +1,85 @@
+"""The scale arithmetic of the quantizing modes, in exact IEEE float32 (docs/numerics.md §4).
+
+``amax`` (the tensor's ``max |y|``), current scaling's ``Q / amax``, NVFP4's global scale
+``S = 6·448 / amax`` and the MXFP8 block exponent ``ceil(log2(amax_b / Q))``. Shared by the
+scaling-mode descriptions (``scaling_modes``) and re-exported by ``reference``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from te_jax.quantize import formats, ieee
+
+__all__ = ["amax", "current_scale", "nvfp4_global_scale", "mxfp8_exponent", "NVFP4_GLOBAL_Q"]
+
+_F32_MAX = np.float32(np.finfo(np.float32).max)
+NVFP4_GLOBAL_Q = 6.0 * 448.0  # E2M1 max times E4M3 max: S maps the tensor amax onto it
+
+
+def amax(y: jax.Array) -> jax.Array:
+    """``max |y|`` over the whole tensor, float32 ``()``; exact (subnormals included), NaN if
+    any element is NaN, 0 for an empty tensor."""
+    return ieee.abs_max(formats.to_float32(jnp.asarray(y)))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _scale_from(amax_: jax.Array, numerator: float) -> jax.Array:
+    """``numerator / amax``; 1 when amax is 0; float32 max when the quotient overflows.
+
+    ``ieee.div``: XLA's native division is not correctly rounded on every backend (XLA:GPU's
+    is ``div.full.f32``); an amax too small for the quotient gives inf, then float32 max.
+    Jitted: the exact division is a few hundred integer ops, traced once per shape instead of
+    at every call (a model quantizes in many places).
+    """
+    amax_ = jnp.asarray(amax_, jnp.float32)
+    s = ieee.div(np.float32(numerator), amax_)  # a native division is not exact on every backend
+    s = jnp.where(jnp.isinf(s), _F32_MAX, s)  # amax tiny or subnormal: Q/amax overflows
+    return jnp.where(ieee.is_zero(amax_), jnp.float32(1.0), s)
+
+
+def current_scale(amax: jax.Array, q_max: float) -> jax.Array:
+    """Current scaling's scale: ``Q / amax``; 1 when ``amax == 0``; float32 max when
+    ``Q / amax`` overflows (amax below ~Q / 3.4e38). NaN amax gives NaN. Float32 ``()``."""
+    return _scale_from(amax, q_max)
+
+
+def nvfp4_global_scale(amax: jax.Array) -> jax.Array:
+    """NVFP4's global scale ``S = (6 · 448) / amax``; 1 when ``amax == 0``; float32 max when the
+    quotient overflows. Float32 ``()``."""
+    return _scale_from(amax, NVFP4_GLOBAL_Q)
+
+
+def _significand_exponent(value: float) -> tuple[int, int]:
+    """``value = M · 2^(e-23)`` with integer ``M`` in ``[2^23, 2^24)`` (a float32 constant)."""
+    frac, exp = math.frexp(value)  # value = frac · 2^exp, frac in [0.5, 1)
+    m = frac * 2**24
+    if m != int(m) or np.float32(value) != value:
+        raise ValueError(f"{value} is not a float32")
+    return int(m), exp - 1
+
+
+def mxfp8_exponent(amax_b: jax.Array, q_max: float) -> jax.Array:
+    """The MXFP8 block exponent ``e = ceil(log2(amax_b / Q))`` of the exact real quotient,
+    clamped to ``[-127, 127]``, as int32 (the E8M0 byte is ``e + 127``).
+
+    An all-zero block gives -127 (the smallest scale, byte 0); an infinite amax clamps to 127;
+    a NaN amax gives 128 (byte 0xFF, E8M0's NaN).
+
+    Computed on the significands, without rounding: with ``amax_b = Ma · 2^(ea-23)`` and
+    ``Q = Mq · 2^(eq-23)``, ``amax_b / Q = (Ma / Mq) · 2^(ea-eq)`` with ``Ma / Mq`` in
+    ``(1/2, 2)``, so ``e = ea - eq + (Ma > Mq)``.
+    """
+    amax_b = jnp.asarray(amax_b, jnp.float32)
+    mq, eq = _significand_exponent(float(q_max))
+    _, ma, ea = ieee.split(amax_b)
+    e = ea - eq + (ma > mq).astype(jnp.int32)
+    e = jnp.clip(e, -127, 127)
+    e = jnp.where(ieee.is_zero(amax_b), -127, e)
+    e = jnp.where(jnp.isinf(amax_b), 127, e)
+    return jnp.where(jnp.isnan(amax_b), 128, e).astype(jnp.int32)

@@ -1,0 +1,592 @@
+"""Scaling modes: the public ``ScalingMode`` enum and one description object per mode.
+
+Everything that depends on the mode is said once, in its description (``ScalingMode.X.impl``):
+the FFI ``scaling_mode`` value, the quantized dtypes it allows, its block size and block-scale
+dtype, the results it produces and their shapes, which per-tensor input the quantizing kernel
+reads (delayed scaling's ``scale`` or the two-pass modes' ``amax``), its Shardy factors, and
+its quantize / dequantize arithmetic (docs/numerics.md §4, §5).
+
+| mode                   | class                 | data        | scale_inv                 | block |
+|------------------------|-----------------------|-------------|---------------------------|-------|
+| NO_SCALING             | NoScaling             | input dtype | -                         | -     |
+| DELAYED_TENSOR_SCALING | DelayedTensorScaling  | E4M3, E5M2  | float32, one per tensor   | -     |
+| MXFP8_1D_SCALING       | MXFP8BlockScaling     | E4M3, E5M2  | E8M0, one per block       | 32    |
+| CURRENT_TENSOR_SCALING | CurrentTensorScaling  | E4M3, E5M2  | float32, one per tensor   | -     |
+| NVFP4_1D_SCALING       | NVFP4BlockScaling     | E2M1        | E4M3, one per block (+1/S)| 16    |
+
+Adding a mode is one subclass here, its enum value, and its kernels.
+
+Shapes are those of ``B`` independent tensors ``batch + lead + feat`` (``geometry.Geometry``);
+"per tensor" results (a tensor scale, ``amax``, ``global_scale_inv``) have shape
+``batch + per_tensor``, with ``per_tensor = ()`` in a ``ScaledTensor`` and ``(1,)`` as a
+primitive result.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from te_jax.quantize import formats, ieee, scale_math
+from te_jax.quantize.geometry import Geometry, block_axis, colwise_perm, split_blocks
+
+__all__ = [
+    "ScalingMode",
+    "ScalingModeImpl",
+    "NoScaling",
+    "DelayedTensorScaling",
+    "CurrentTensorScaling",
+    "MXFP8BlockScaling",
+    "NVFP4BlockScaling",
+    "FFI_RESULT_SLOTS",
+    "ffi_result_list",
+]
+
+
+class ScalingMode(enum.IntEnum):
+    """How a quantized tensor is scaled (docs/numerics.md §4); the value is the FFI
+    ``scaling_mode``, so it must not be renumbered.
+
+    * ``NO_SCALING``: no quantization (output in the input dtype).
+    * ``DELAYED_TENSOR_SCALING``: one float32 scale per tensor, taken from the quantizer's state
+      (updated from past amaxes after the step).
+    * ``MXFP8_1D_SCALING``: one E8M0 (power-of-two) scale per block of 32 elements.
+    * ``CURRENT_TENSOR_SCALING``: one float32 scale per tensor, from this tensor's amax.
+    * ``NVFP4_1D_SCALING``: one E4M3 scale per block of 16 elements and a float32 global scale.
+    """
+
+    NO_SCALING = 0
+    DELAYED_TENSOR_SCALING = 1
+    MXFP8_1D_SCALING = 2
+    CURRENT_TENSOR_SCALING = 3
+    NVFP4_1D_SCALING = 4
+
+    @property
+    def impl(self) -> ScalingModeImpl:
+        """The mode's description (shapes, dtypes, kernel inputs, arithmetic)."""
+        return _IMPLS[self]
+
+    @property
+    def is_tensor_scaling(self) -> bool:
+        """One float32 scale for the whole tensor (delayed, current)."""
+        return self.impl.is_tensor_scaling
+
+    @property
+    def is_block_scaling(self) -> bool:
+        """One scale per block of consecutive elements (MXFP8, NVFP4)."""
+        return self.impl.block_size is not None
+
+    @property
+    def block_size(self) -> int | None:
+        """Elements per scale block: 32 (MXFP8), 16 (NVFP4), ``None`` otherwise."""
+        return self.impl.block_size
+
+    @property
+    def is_two_pass(self) -> bool:
+        """Whether quantizing needs the tensor's global amax first (current scaling, NVFP4).
+
+        Under sharding that amax is the max over every shard, so these modes take it from
+        outside (``reference.quantize_from_amax``).
+        """
+        return self.impl.two_pass
+
+
+# The result slots of every FFI target that can quantize, in order (the FFI contract): the dact
+# targets append dbias and the dbias workspace.
+FFI_RESULT_SLOTS = (
+    "output",
+    "colwise_output",
+    "scale_inv",
+    "colwise_scale_inv",
+    "amax",
+    "global_scale_inv",
+)
+# The ScaledTensor field each quantized FFI slot holds.
+_FIELD_OF_SLOT = dict(
+    zip(FFI_RESULT_SLOTS, ("data", "colwise_data") + FFI_RESULT_SLOTS[2:], strict=True)
+)
+
+_F32 = np.dtype(np.float32)
+_U8 = np.dtype(np.uint8)
+_sds = jax.ShapeDtypeStruct
+
+
+def ffi_result_list(empty: jax.ShapeDtypeStruct, **slots) -> list[jax.ShapeDtypeStruct]:
+    """The six result buffers of the FFI contract, ``empty`` where a slot is not given."""
+    unknown = set(slots) - set(FFI_RESULT_SLOTS)
+    if unknown:
+        raise ValueError(f"unknown FFI result slots {sorted(unknown)}")
+    return [slots.get(name, empty) for name in FFI_RESULT_SLOTS]
+
+
+class ScalingModeImpl:
+    """What a scaling mode is: one subclass per mode, one instance each (``ScalingMode.impl``).
+
+    Class attributes:
+      mode: the ``ScalingMode`` it describes (``int(mode)`` is the FFI ``scaling_mode``).
+      q_dtypes: the quantized data dtypes it allows, the default first.
+      block_size: elements per block scale, ``None`` for the tensor-scaled modes.
+      block_scale_dtype: the dtype of the block scales (``scale_inv``), or ``None``.
+      two_pass: quantizing needs the tensor's amax first (a first pass over the input).
+      batch_operand: the FFI operand, ``"scale"`` or ``"amax"`` (float32, one element per
+        tensor), that the quantizing kernel reads its tensor count from, and its value where it
+        needs one: delayed scaling's scale, the two-pass modes' amax from their first pass
+        (MXFP8 reads only the count, from a scale of ones).
+      uses_quantizer_scale: the quantizer's ``scale`` (its state) is the scale (delayed).
+      kernel_writes_amax: the quantizing kernel fills its ``amax`` slot (delayed scaling).
+      has_amax: the quantized tensor reports an amax (``ScaledTensor.amax``).
+      has_global_scale_inv: the quantized tensor has ``global_scale_inv`` (NVFP4's ``1/S``).
+    """
+
+    mode: ClassVar[ScalingMode]
+    q_dtypes: ClassVar[tuple[np.dtype, ...]] = ()
+    block_size: ClassVar[int | None] = None
+    block_scale_dtype: ClassVar[np.dtype | None] = None
+    two_pass: ClassVar[bool] = False
+    batch_operand: ClassVar[str] = "scale"
+    uses_quantizer_scale: ClassVar[bool] = False
+    kernel_writes_amax: ClassVar[bool] = False
+    has_amax: ClassVar[bool] = False
+    has_global_scale_inv: ClassVar[bool] = False
+    is_tensor_scaling: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return self.mode.name
+
+    @property
+    def ffi_value(self) -> np.int64:
+        """The ``scaling_mode`` attribute of the FFI targets."""
+        return np.int64(self.mode)
+
+    @property
+    def quantizes(self) -> bool:
+        return bool(self.q_dtypes)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    # --- results ------------------------------------------------------------------------------
+
+    def scale_names(self, layout) -> tuple[str, ...]:
+        """The scale results for ``layout``."""
+        return ()
+
+    def result_names(self, layout) -> tuple[str, ...]:
+        """The quantized results of an op, in order: the ``ScaledTensor`` fields it returns."""
+        names = []
+        if layout.has_rowwise:
+            names.append("data")
+        if layout.has_colwise:
+            names.append("colwise_data")
+        names += self.scale_names(layout)
+        if self.has_amax:
+            names.append("amax")
+        if self.has_global_scale_inv:
+            names.append("global_scale_inv")
+        return tuple(names)
+
+    def scaled_tensor_fields(self, layout) -> tuple[str, ...]:
+        """The ``ScaledTensor`` fields a tensor quantized with ``layout`` has (not ``None``)."""
+        return self.result_names(layout)
+
+    def per_tensor_names(self) -> tuple[str, ...]:
+        """The results that hold one value per tensor (shape ``batch + per_tensor``)."""
+        return (
+            (("scale_inv",) if self.is_tensor_scaling else ())
+            + (("amax",) if self.has_amax else ())
+            + (("global_scale_inv",) if self.has_global_scale_inv else ())
+        )
+
+    def _arrange(self, layout, batch, lead, feat, per_tensor, lead_scale, last_scale) -> dict:
+        """Every result of ``layout`` as a list of per-axis entries (sizes, PartitionSpec
+        entries or Shardy factors): ``batch + lead + feat`` is the data, ``per_tensor`` the
+        entries of a per-tensor result, ``lead_scale`` / ``last_scale`` the entries of the
+        axes a block scale divides by the block size."""
+        raise NotImplementedError(f"{self.name} produces no quantized tensor")
+
+    def shapes(
+        self, g: Geometry, layout, q_dtype, per_tensor: tuple = (1,)
+    ) -> dict[str, jax.ShapeDtypeStruct]:
+        """``{result name: ShapeDtypeStruct}`` of the results of ``layout`` (in order) for the
+        data ``g`` (docs/numerics.md §4, §5)."""
+        bs = self.block_size or 1
+        lead_scale = list(g.lead[:-1]) + [g.lead[-1] // bs] if g.lead else list(g.lead)
+        last_scale = g.feat[-1] // bs if g.feat else None
+        parts = self._arrange(
+            layout,
+            list(g.batch),
+            list(g.lead),
+            list(g.feat),
+            list(per_tensor),
+            lead_scale,
+            last_scale,
+        )
+        dtypes = {
+            "data": q_dtype,
+            "colwise_data": q_dtype,
+            "scale_inv": _F32 if self.is_tensor_scaling else self.block_scale_dtype,
+            "colwise_scale_inv": self.block_scale_dtype,
+            "amax": _F32,
+            "global_scale_inv": _F32,
+        }
+        return {n: _sds(tuple(parts[n]), np.dtype(dtypes[n])) for n in self.result_names(layout)}
+
+    def ffi_results(self, g: Geometry, layout, q_dtype) -> list[jax.ShapeDtypeStruct]:
+        """The six result buffers of the quantizing FFI call (``FFI_RESULT_SLOTS``), flattened to
+        2-D per tensor; empty where the mode or layout produces nothing."""
+        slots = self._ffi_data_and_scales(g, layout, np.dtype(q_dtype))
+        # The per-tensor slots are float32 even where empty.
+        slots["amax"] = _sds((g.b,) if self.kernel_writes_amax else (0,), _F32)
+        slots["global_scale_inv"] = _sds((g.b,) if self.has_global_scale_inv else (0,), _F32)
+        return ffi_result_list(_sds((0,), _U8), **slots)
+
+    def _ffi_data_and_scales(self, g: Geometry, layout, q_dtype) -> dict:
+        raise NotImplementedError(f"{self.name} produces no quantized tensor")
+
+    @staticmethod
+    def fields_of_ffi_results(buffers: Sequence) -> dict:
+        """The quantizing call's six buffers by ``ScaledTensor`` field name."""
+        return {_FIELD_OF_SLOT[s]: b for s, b in zip(FFI_RESULT_SLOTS, buffers, strict=True)}
+
+    def check_kernel_shape(self, op: str, shape: tuple) -> None:
+        """Raises ``ValueError`` when the kernels cannot take data of ``shape`` (trace time)."""
+
+    # --- sharding -----------------------------------------------------------------------------
+
+    def result_specs(self, layout, bspec: list, lspec: list, fspec: list) -> dict:
+        """PartitionSpec entries of the results of the data sharded ``bspec + lspec + fspec``."""
+        return self._arrange(
+            layout, bspec, lspec, fspec, [None], lspec, fspec[-1] if fspec else None
+        )
+
+    def shardy_factors(
+        self, layout, batch: list, lead: list, feat: list, last_extent: int, lead_extent
+    ) -> tuple[dict, list, str, dict]:
+        """Shardy factors of the results (einsum-like ``sharding_rule`` pieces).
+
+        ``batch``, ``lead``, ``feat`` are the data's factor names (``feat[-1]`` is the last axis,
+        of extent ``last_extent``; the innermost leading axis has ``lead_extent``, ``None``
+        without leading axes). Returns ``(factors by result name, the data's leading factors,
+        its last-axis factor, factor sizes)``: a block mode may write a data axis as the
+        compound ``(outer, block)`` so that its block scale maps the outer factor alone.
+        """
+        parts = self._arrange(layout, batch, lead, feat, ["z"], lead, feat[-1])
+        return parts, list(lead), feat[-1], {}
+
+    def unsplit_for_blocks(self, layout, x_spec: list, extents: dict, shards) -> list:
+        """``x_spec`` with the axes unsplit whose shards a block would straddle (``extents``:
+        ``{"last": (axis, size), "lead": (axis, size) or None}``; ``shards(entry)`` counts the
+        shards of a PartitionSpec entry)."""
+        return x_spec
+
+    # --- arithmetic ---------------------------------------------------------------------------
+
+    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax) -> dict:
+        """The pure-JAX quantization of ``y32`` (float32): ``{ScaledTensor field: array}``.
+
+        ``scale`` is the quantizer's scale (delayed scaling), ``amax`` the tensor amax (the
+        modes with ``has_amax``); float32 ``()``.
+        """
+        raise ValueError(f"{self.name} produces no quantized tensor")
+
+    def dequantize(self, v, s, global_scale_inv, colwise: bool, n_feature_axes: int):
+        """Float32 ``v`` (the data decoded) times its scales ``s``: the logical tensor."""
+        raise ValueError(f"{self.name} produces no quantized tensor")
+
+    def logical_shape_of_colwise(self, colwise_shape: tuple, n_feature_axes: int) -> tuple:
+        """The logical shape of a tensor whose colwise data has ``colwise_shape``."""
+        return tuple(colwise_shape)
+
+
+class NoScaling(ScalingModeImpl):
+    """No quantization: the op's output in the input dtype, with ``amax = max|y|`` on request
+    (``output_amax``)."""
+
+    mode = ScalingMode.NO_SCALING
+
+    @staticmethod
+    def unquantized_ffi_results(output: jax.ShapeDtypeStruct, output_amax: bool) -> list:
+        """The six result buffers of an unquantized FFI call: ``output`` and, with
+        ``output_amax``, ``amax`` of shape ``(1,)``."""
+        empty = _sds((0,), _F32)
+        amax = _sds((1,), _F32) if output_amax else empty
+        return ffi_result_list(empty, output=output, amax=amax)
+
+
+class _TensorScaling(ScalingModeImpl):
+    """One float32 scale per tensor; colwise data is the transpose of each flattened ``[M, N]``
+    stored ``features + leading``, sharing the rowwise scale."""
+
+    q_dtypes = (formats.E4M3, formats.E5M2)
+    is_tensor_scaling = True
+    has_amax = True
+
+    def scale_names(self, layout):
+        return ("scale_inv",)
+
+    def scaled_tensor_fields(self, layout):
+        # The colwise copy shares the one scale: ScaledTensor holds it in both fields.
+        shared = ("colwise_scale_inv",) if layout.has_colwise else ()
+        return self.result_names(layout) + shared
+
+    def _arrange(self, layout, batch, lead, feat, per_tensor, lead_scale, last_scale):
+        return {
+            "data": batch + lead + feat,
+            "colwise_data": batch + feat + lead,
+            "scale_inv": batch + per_tensor,
+            "amax": batch + per_tensor,
+        }
+
+    def _ffi_data_and_scales(self, g, layout, q_dtype):
+        slots = {"scale_inv": _sds((g.b,), _F32)}
+        if layout.has_rowwise:
+            slots["output"] = _sds((g.m, g.n), q_dtype)
+        if layout.has_colwise:
+            slots["colwise_output"] = _sds((g.b, g.n, g.m // g.b), q_dtype)
+        return slots
+
+    def tensor_scale(self, scale, amax, q_dtype) -> jax.Array:
+        """The scale ``q = sat(y · scale)`` uses, float32 ``()``."""
+        raise NotImplementedError
+
+    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax):
+        scale = self.tensor_scale(scale, amax, q_dtype)
+        q = formats.saturating_cast(ieee.mul(y32, scale), q_dtype)
+        scale_inv = ieee.div(np.float32(1.0), scale)
+        fields = {"scale_inv": scale_inv, "amax": amax}
+        if layout.has_rowwise:
+            fields["data"] = q
+        if layout.has_colwise:
+            fields["colwise_data"] = jnp.transpose(q, colwise_perm(q.ndim, n_feature_axes))
+            fields["colwise_scale_inv"] = scale_inv
+        return fields
+
+    def dequantize(self, v, s, global_scale_inv, colwise, n_feature_axes):
+        v = ieee.mul(v, jnp.asarray(s, jnp.float32).reshape(()))
+        if colwise:
+            perm = colwise_perm(v.ndim, n_feature_axes)
+            v = jnp.transpose(v, np.argsort(perm))
+        return v
+
+    def logical_shape_of_colwise(self, colwise_shape, n_feature_axes):
+        s = tuple(colwise_shape)  # features + leading -> leading + features
+        return s[n_feature_axes:] + s[:n_feature_axes]
+
+
+class DelayedTensorScaling(_TensorScaling):
+    """Delayed tensor scaling: ``q = sat(y · scale)`` with the quantizer's ``scale`` (its state,
+    updated from past amaxes); the kernel reports this tensor's amax for that update."""
+
+    mode = ScalingMode.DELAYED_TENSOR_SCALING
+    uses_quantizer_scale = True
+    kernel_writes_amax = True
+
+    def tensor_scale(self, scale, amax, q_dtype):
+        scale = jnp.asarray(scale, jnp.float32)
+        if scale.shape not in ((), (1,)):
+            raise ValueError(
+                "te_jax.quantize: DelayedScaleQuantizer.scale must have shape () or (1,), got "
+                f"{scale.shape} (quantize with a stack of quantizers under jax.vmap)"
+            )
+        return scale.reshape(())
+
+
+class CurrentTensorScaling(_TensorScaling):
+    """Current tensor scaling: ``scale = Q / amax`` from this tensor's amax (two passes)."""
+
+    mode = ScalingMode.CURRENT_TENSOR_SCALING
+    two_pass = True
+    batch_operand = "amax"
+
+    def tensor_scale(self, scale, amax, q_dtype):
+        return scale_math.current_scale(amax, formats.q_max(q_dtype))
+
+
+class _BlockScaling(ScalingModeImpl):
+    """One scale per ``block_size`` consecutive elements: along the last axis (rowwise) or the
+    innermost leading axis (colwise); colwise data keeps the rowwise shape."""
+
+    def scale_names(self, layout):
+        return (("scale_inv",) if layout.has_rowwise else ()) + (
+            ("colwise_scale_inv",) if layout.has_colwise else ()
+        )
+
+    def _arrange(self, layout, batch, lead, feat, per_tensor, lead_scale, last_scale):
+        data = batch + lead + feat
+        return {
+            "data": data,
+            "colwise_data": data,
+            "scale_inv": batch + lead + feat[:-1] + [last_scale],
+            "colwise_scale_inv": batch + lead_scale + feat,
+            "amax": batch + per_tensor,
+            "global_scale_inv": batch + per_tensor,
+        }
+
+    def _ffi_data_and_scales(self, g, layout, q_dtype):
+        # NVFP4 data is float4_e2m1fn, which XLA stores two codes per byte as the kernels
+        # write them (no unpacking pass).
+        bs, slots = self.block_size, {}
+        if layout.has_rowwise:
+            slots["output"] = _sds((g.m, g.n), q_dtype)
+            slots["scale_inv"] = _sds((g.m, g.n // bs), self.block_scale_dtype)
+        if layout.has_colwise:
+            slots["colwise_output"] = _sds((g.m, g.n), q_dtype)
+            slots["colwise_scale_inv"] = _sds((g.m // bs, g.n), self.block_scale_dtype)
+        return slots
+
+    def shardy_factors(self, layout, batch, lead, feat, last_extent, lead_extent):
+        # A block scale has an axis `block` times shorter than the data's: the data's axis is
+        # the compound factor (outer, block) and the scale's is the outer factor alone. A
+        # compound factor may not have an outer part of size 1: an axis of exactly one block
+        # gets a separate size-1 factor in the scale instead, and stays unsplit.
+        bs, sizes = self.block_size, {}
+        h, last_scale = feat[-1], feat[-1]
+        lead_data, lead_scale = list(lead), list(lead)
+        if layout.has_rowwise:
+            if last_extent > bs:
+                h = f"({h} hb)"
+                sizes["hb"] = bs
+            else:
+                last_scale = "hs"
+        if layout.has_colwise and lead:
+            if lead_extent > bs:
+                lead_data[-1] = f"({lead[-1]} rb)"
+                sizes["rb"] = bs
+            else:
+                lead_scale[-1] = "rs"
+        feat = feat[:-1] + [h]
+        parts = self._arrange(layout, batch, lead_data, feat, ["z"], lead_scale, last_scale)
+        return parts, lead_data, h, sizes
+
+    def unsplit_for_blocks(self, layout, x_spec, extents, shards):
+        x_spec, bs = list(x_spec), self.block_size
+        last, size = extents["last"]
+        if layout.has_rowwise and (size // shards(x_spec[last])) % bs:
+            x_spec[last] = None
+        if layout.has_colwise and extents["lead"] is not None:
+            axis, size = extents["lead"]
+            if (size // shards(x_spec[axis])) % bs:
+                x_spec[axis] = None
+        return x_spec
+
+    def _prepare(self, y32, q_dtype, amax) -> tuple[dict, Callable]:
+        """``(per-tensor fields, direction)``: ``direction(axis)`` quantizes ``y32`` with blocks
+        along ``axis`` and returns ``(data, block scales)``."""
+        raise NotImplementedError
+
+    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax):
+        fields, direction = self._prepare(y32, q_dtype, amax)
+        if layout.has_rowwise:
+            axis = block_axis(y32.ndim, n_feature_axes, False)
+            fields["data"], fields["scale_inv"] = direction(axis)
+        if layout.has_colwise:
+            axis = block_axis(y32.ndim, n_feature_axes, True)
+            fields["colwise_data"], fields["colwise_scale_inv"] = direction(axis)
+        return fields
+
+    def _scale_blocks(self, blocks, s, global_scale_inv, axis):
+        raise NotImplementedError
+
+    def dequantize(self, v, s, global_scale_inv, colwise, n_feature_axes):
+        axis = block_axis(v.ndim, n_feature_axes, colwise)
+        blocks = split_blocks(v, axis, self.block_size)
+        return self._scale_blocks(blocks, s, global_scale_inv, axis).reshape(v.shape)
+
+
+class MXFP8BlockScaling(_BlockScaling):
+    """MXFP8: per block of 32, ``e = ceil(log2(amax_b / Q))``, ``q = sat(y · 2^-e)``,
+    ``scale_inv = 2^e`` as E8M0 (an all-zero block stores 2^-127, a NaN block 0xFF)."""
+
+    mode = ScalingMode.MXFP8_1D_SCALING
+    q_dtypes = (formats.E4M3, formats.E5M2)
+    block_size = 32
+    block_scale_dtype = formats.E8M0
+
+    def _prepare(self, y32, q_dtype, amax):
+        def direction(axis):
+            blocks = split_blocks(y32, axis, 32)
+            e = scale_math.mxfp8_exponent(
+                ieee.abs_max(blocks, axis=axis + 1), formats.q_max(q_dtype)
+            )
+            e_b = jnp.expand_dims(e, axis + 1)
+            scaled = ieee.ldexp(blocks, -e_b)  # y · 2^-e, exact (2^-e alone may be subnormal)
+            scaled = jnp.where(e_b == 128, jnp.float32(jnp.nan), scaled)  # NaN block: NaN data
+            q = formats.saturating_cast(scaled, q_dtype).reshape(y32.shape)
+            scale_inv = lax.bitcast_convert_type((e + 127).astype(jnp.uint8), formats.E8M0)
+            return q, scale_inv
+
+        return {}, direction
+
+    def _scale_blocks(self, blocks, s, global_scale_inv, axis):
+        # 2^e from the E8M0 bits, applied exactly (2^-127 is subnormal in float32).
+        e = lax.bitcast_convert_type(s, jnp.uint8).astype(jnp.int32) - 127
+        out = ieee.ldexp(blocks, jnp.expand_dims(e, axis + 1))
+        return jnp.where(jnp.expand_dims(e == 128, axis + 1), jnp.float32(jnp.nan), out)
+
+
+class NVFP4BlockScaling(_BlockScaling):
+    """NVFP4: ``S = 6·448 / amax``; per block of 16 ``block_scale = e4m3((amax_b / 6) · S)``,
+    ``q = e2m1((y · S) / block_scale)`` (0 where ``block_scale`` is 0); ``scale_inv =
+    block_scale``, ``global_scale_inv = 1 / S``. Two passes (the tensor amax first)."""
+
+    mode = ScalingMode.NVFP4_1D_SCALING
+    q_dtypes = (formats.E2M1,)
+    block_size = 16
+    block_scale_dtype = formats.E4M3
+    two_pass = True
+    batch_operand = "amax"
+    has_amax = True
+    has_global_scale_inv = True
+
+    def check_kernel_shape(self, op, shape):
+        if shape[-1] % 2:
+            raise ValueError(
+                f"te_jax.{op}: the NVFP4 kernels pack two E2M1 codes per byte along the last "
+                f"axis, which must be even; got shape {shape} (implementation='xla' takes any "
+                "shape)"
+            )
+
+    def _prepare(self, y32, q_dtype, amax):
+        global_scale = scale_math.nvfp4_global_scale(amax)
+        fields = {"amax": amax, "global_scale_inv": ieee.div(np.float32(1.0), global_scale)}
+        y_s = ieee.mul(y32, global_scale)  # y · S, shared by both directions
+
+        def direction(axis):
+            amax_b = ieee.abs_max(split_blocks(y32, axis, 16), axis=axis + 1)
+            block_scale = formats.saturating_cast(
+                ieee.mul(ieee.div_by_int(amax_b, 6), global_scale), formats.E4M3
+            )
+            bs = jnp.expand_dims(formats.to_float32(block_scale), axis + 1)  # E4M3: normal
+            # A native division (not a multiplication by 1/bs: see ieee.true_divide) is exact
+            # here: bs is a normal float32 (or 0, masked below); an operand or result below
+            # 2^-126 is at most 2^-117 in magnitude and becomes a signed zero in E2M1 whether or
+            # not the backend flushes.
+            scaled = ieee.true_divide(split_blocks(y_s, axis, 16), bs)
+            q = jnp.where(bs == 0, jnp.float32(0.0), scaled)
+            return formats.saturating_cast(q, formats.E2M1).reshape(y32.shape), block_scale
+
+        return fields, direction
+
+    def _scale_blocks(self, blocks, s, global_scale_inv, axis):
+        bs = jnp.expand_dims(formats.to_float32(s), axis + 1)
+        return ieee.mul(ieee.mul(blocks, bs), jnp.asarray(global_scale_inv, jnp.float32))
+
+
+_IMPLS: dict[ScalingMode, ScalingModeImpl] = {
+    impl.mode: impl
+    for impl in (
+        NoScaling(),
+        DelayedTensorScaling(),
+        MXFP8BlockScaling(),
+        CurrentTensorScaling(),
+        NVFP4BlockScaling(),
+    )
+}
+assert set(_IMPLS) == set(ScalingMode), "every ScalingMode needs its description"
