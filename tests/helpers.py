@@ -261,13 +261,28 @@ SCALED_TENSOR_FIELDS = (
 )
 
 
-def cpp_enum(header: str, name: str) -> dict[str, int]:
-    """``{member: value}`` of ``enum class name`` in ``ffi/common/<header>``, parsed as text (the
-    extension exposes no enum tables): the declarations the Python enums must agree with."""
+def _ffi_header(path: str) -> str:
     import pathlib
+
+    return (pathlib.Path(__file__).parents[1] / "ffi" / path).read_text()
+
+
+def cpp_enum(header: str, name: str) -> dict[str, int]:
+    """``{member: value}`` of ``enum class name`` in ``ffi/<header>``, parsed as text (the
+    extension exposes no enum tables): the declarations the Python enums must agree with."""
     import re
 
-    text = (pathlib.Path(__file__).parents[1] / "ffi" / "common" / header).read_text()
-    body = re.search(r"enum class " + name + r"\b[^{]*\{(.*?)\};", text, re.S)
+    body = re.search(r"enum class " + name + r"\b[^{]*\{(.*?)\};", _ffi_header(header), re.S)
     assert body, f"enum class {name} not found in {header}"
     return {m: int(v) for m, v in re.findall(r"^\s*(\w+)\s*=\s*(\d+)\s*,", body.group(1), re.M)}
+
+
+def cpp_activations() -> dict[str, tuple[int, bool]]:
+    """``{name: (act_enum, gated)}`` of the C++ activation list ``TE_JAX_ACTIVATIONS`` in
+    ``ffi/activation/activations.h`` (its ``X(name, value, Act, Lin, gated)`` entries)."""
+    import re
+
+    text = _ffi_header("activation/activations.h")
+    entries = re.findall(r"X\((\w+),\s*(\d+),\s*\w+,\s*\w+,\s*(true|false)\)", text)
+    assert entries, "TE_JAX_ACTIVATIONS not found in ffi/activation/activations.h"
+    return {n: (int(v), g == "true") for n, v, g in entries}

@@ -22,7 +22,7 @@ from helpers import (
     Act,
     assert_dbias_matches,
     assert_matches,
-    cpp_enum,
+    cpp_activations,
     dz_shape,
     make_dz,
     make_x,
@@ -180,14 +180,15 @@ def test_clamped_swiglu_across_the_clamps(dtype, impl):
     )
 
 
-def test_declarations_match_the_cpp_enum():
-    """The Python declaration of each activation and ffi/common/activations.h agree (the enum
-    value is the FFI act_enum), and so does the standalone quantize's IDENTITY."""
+def test_declarations_match_the_cpp_list():
+    """The Python declaration of each activation and the C++ list in
+    ffi/activation/activations.h agree (the enum value is the FFI act_enum; gated or not), and
+    so does the standalone quantize's IDENTITY."""
     from te_jax.activation_types import IDENTITY_ACT_ENUM
 
-    cpp = cpp_enum("activations.h", "ActivationEnum")
-    assert cpp.pop("IDENTITY") == IDENTITY_ACT_ENUM
-    assert cpp == {a.name: int(a) for a in te_jax.ActivationType}
+    cpp = cpp_activations()
+    assert cpp.pop("IDENTITY") == (IDENTITY_ACT_ENUM, False)
+    assert cpp == {a.name: (int(a), a.is_gated) for a in te_jax.ActivationType}
 
 
 def test_names_derive_from_the_declarations():

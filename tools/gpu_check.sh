@@ -6,7 +6,10 @@
 # test      the full pytest suite (the same files CI runs on the CPU); PYTEST_ARGS picks a part
 #           (a device call is limited to 600 s: split the suite across calls)
 # sanitize  the standalone kernel test, plain and under compute-sanitizer (memcheck, racecheck,
-#           initcheck, synccheck)
+#           initcheck, synccheck); reuses the native build of a preceding `ab` stage
+# ab        A/B of the native kernels: the ffi/ tree under $AB_OLD (an older revision, e.g.
+#           `git archive <rev> ffi | tar x -C .ab_old`, carried to the device) and this one, both
+#           built, then quant_test --bench of each, interleaved, $AB_ROUNDS rounds (default 2)
 # bench     the activation benchmark table (benchmarks/activations.py), Markdown + JSON under $OUT
 # qbench    the quantization benchmark table (benchmarks/quantize.py), Markdown + JSON under $OUT
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
@@ -53,9 +56,29 @@ for stage in "$@"; do
       ;;
     sanitize)
       stamp "kernel test + compute-sanitizer"
-      BUILD=/tmp/te_jax_kernel_test bash ffi/cuda/tests/run.sh >"$OUT/sanitize.log" 2>&1 || status=1
+      skip=0; [ -x /tmp/te_jax_kernel_test/quant_test ] && [ -n "${AB_BUILT:-}" ] && skip=1
+      SKIP_BUILD=$skip BUILD=/tmp/te_jax_kernel_test bash ffi/cuda/tests/run.sh \
+        >"$OUT/sanitize.log" 2>&1 || status=1
       tail -n 40 "$OUT/sanitize.log"
       grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" /tmp/te_jax_kernel_test/sanitize_*.log
+      ;;
+    ab)
+      stamp "A/B native kernels: ${AB_OLD:?set AB_OLD} against this tree"
+      BUILD_ONLY=1 BUILD=/tmp/ab_old bash "$AB_OLD/ffi/cuda/tests/run.sh" >"$OUT/ab.log" 2>&1 &
+      old_pid=$!
+      BUILD_ONLY=1 BUILD=/tmp/te_jax_kernel_test bash ffi/cuda/tests/run.sh >>"$OUT/ab.log" 2>&1 \
+        || { status=1; echo "A/B: this tree did not build"; tail -n 30 "$OUT/ab.log"; continue; }
+      wait $old_pid || { status=1; echo "A/B: the old tree did not build"; continue; }
+      AB_BUILT=1
+      for round in $(seq "${AB_ROUNDS:-2}"); do
+        for side in old new; do
+          bin=/tmp/te_jax_kernel_test/quant_test; [ $side = old ] && bin=/tmp/ab_old/quant_test
+          echo "== round $round: $side" >>"$OUT/ab.log"
+          "$bin" --bench >"$OUT/ab_${side}_$round.txt" 2>&1 || status=1
+          cat "$OUT/ab_${side}_$round.txt" >>"$OUT/ab.log"; rm "$OUT/ab_${side}_$round.txt"
+        done
+      done
+      grep -c . "$OUT/ab.log"
       ;;
     bench)
       stamp "benchmarks"

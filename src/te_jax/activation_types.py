@@ -1,7 +1,8 @@
 """Activation types, their names, and their runtime parameters.
 
-The enum values are the ``act_enum`` attribute of the FFI targets (``ffi/common/activations.h``):
-TransformerEngine's ``NVTE_Activation_Type`` order for 0-11, te_jax's exact-GELU forms for 12-13.
+The enum values are the ``act_enum`` attribute of the FFI targets
+(``ffi/activation/activations.h``): TransformerEngine's ``NVTE_Activation_Type`` order for 0-11,
+te_jax's exact-GELU forms for 12-13.
 
 An activation is named by a tuple of TE's names (``("silu", "linear")``), a single string
 (``"swiglu"``; the gated forms have their own names), or the enum itself. Gated activations take

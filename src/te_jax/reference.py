@@ -3,9 +3,9 @@
 This is the ``implementation="xla"`` path, the fallback on backends without kernels, and the
 oracle the kernels are tested against. Each component function (``"gelu"``, ``"silu"``,
 ``"linear"``, ...: the names of ``ActivationType.names``) is defined here once, returning its value
-and derivative (the same pairs as ``ffi/common/activations.h``), so the derivative at ties follows
-docs/numerics.md §1 (``relu'(0) = 0``, inclusive clamp masks) rather than autodiff's conventions.
-An activation is its components: ``f`` alone, or ``f`` and a linear half.
+and derivative (the same pairs as ``ffi/activation/activations.h``), so the derivative at ties
+follows docs/numerics.md §1 (``relu'(0) = 0``, inclusive clamp masks) rather than autodiff's
+conventions. An activation is its components: ``f`` alone, or ``f`` and a linear half.
 
 Arithmetic is float32 (float64 for float64 inputs); results are rounded once to the input dtype.
 

@@ -1,5 +1,5 @@
 """The scaling-mode descriptions (``ScalingMode.X.impl``): one per mode, FFI values that agree
-with ``ffi/common/attrs.h``, and shapes that agree with ``layout.scale_shapes``."""
+with ``ffi/common/scaling.h``, and shapes that agree with ``layout.scale_shapes``."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ QUANTIZING = [m for m in ScalingMode if m is not ScalingMode.NO_SCALING]
 
 
 def test_enums_match_the_cpp_attributes():
-    assert cpp_enum("attrs.h", "ScalingMode") == {m.name: int(m) for m in ScalingMode}
-    assert cpp_enum("attrs.h", "QuantizeLayout") == {lay.name: int(lay) for lay in QuantizeLayout}
+    assert cpp_enum("common/scaling.h", "ScalingMode") == {m.name: int(m) for m in ScalingMode}
+    layouts = {lay.name: int(lay) for lay in QuantizeLayout}
+    assert cpp_enum("common/scaling.h", "QuantizeLayout") == layouts
     for m in ScalingMode:
         assert m.impl.mode is m and m.impl.ffi_value == np.int64(m)
 
