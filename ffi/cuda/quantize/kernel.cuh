@@ -90,8 +90,8 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
       for (int k = 0; k < 8; ++k) acc[l][k] = 0.0f;
 
     // This thread's element offsets in x, dz and y at (its first row of the group's first tile,
-    // c0); each tile steps them by its rows' strides instead of multiplying per tile (the
-    // products and their operands' reloads were ~100 instructions per warp and tile in the SASS).
+    // c0); each tile steps them by its rows' strides instead of multiplying per tile (the 64-bit
+    // products were a large part of a tile's instructions: ffi/cuda/NOTES.md, "The ALU pipe").
     const uint64_t row_first = b * rows_per_batch + t_begin * kTileRows + static_cast<uint64_t>(ty) * kRowsPerThread;
     uint64_t x_off = row_first * (kInHalves * H) + c0;
     [[maybe_unused]] uint64_t z_off = row_first * H + c0;
@@ -112,10 +112,9 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
       const int tile_rows = static_cast<int>(std::min<uint64_t>(kTileRows, rows_per_batch - rt * kTileRows));
       // Whole tiles (every row and column inside, 16-byte loads and vector stores), nearly all of
       // a large input, run a copy of the tile in which the edge checks are constants, for the
-      // block-scaled forward (in ncu's count of the NVFP4 row + col pass, branch and
-      // reconvergence instructions were 3.9 of 48.7 per element). The backward and the
-      // tensor-scaled tiles keep one copy: the second one added spills there (quant_test --bench:
-      // dact + dbias GELU NVFP4 1.10 -> 1.41 ms, the transposed GELU 0.77 -> 0.82 ms).
+      // block-scaled forward (branches were a measurable share of its instructions). The backward
+      // and the tensor-scaled tiles keep one copy: the second one added spills there and was
+      // slower (ffi/cuda/NOTES.md, "Per-tile overhead").
       constexpr bool kWholeCopy = !kBwd && (M == Mode::kMx || M == Mode::kNvfp4);
       const bool whole = tile_rows == kTileRows && tile_c0 + kCols <= H && args.vec_in && args.vec_out;
       auto tile = [&](auto whole_tag) {
@@ -233,9 +232,9 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
               // 4 codes (one row of the group each), two 4x4 byte transposes, then per column one
               // 8-byte store of its 8 rows. The 4 lanes of a group fill each column's 32-byte
               // sector in one store instruction (8 whole sectors per instruction; one column per
-              // thread wrote 16-byte halves, 32 per instruction, at 0.67 of copy bandwidth on the
-              // H100). The stride of kCols + 4 bytes (an odd number of words) puts the quarters'
-              // rows 8 apart on different banks.
+              // thread wrote 16-byte halves, 32 per instruction, well below copy bandwidth). The
+              // stride of kCols + 4 bytes (an odd number of words) puts the quarters' rows 8 apart
+              // on different banks.
               const int q = tid & 3, grp = tid >> 2;
               const int rb = 8 * q;
               const uint64_t col0 = tile_c0 + 4 * grp;
@@ -353,10 +352,10 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
             const uint64_t bs_row = y_cols / kBlk, bs_half = H / kBlk;
             uint8_t* const bsr = args.block_scale + y_off / kBlk;
             // 16-bit NVFP4: the two lanes of a block hold the same keys; each computes the scale
-            // codes of half of the rows (lane tx % 2 == h takes rows [h kRowsPerThread / 2, (h + 1) kRowsPerThread / 2); kRowsPerThread
-            // is 2 or 4 here) and gives them to the other: one shuffle for ~16 instructions of
-            // nvfp4_scale, most of them on the ALU pipe. quant_test --bench (H100): quantize
-            // NVFP4 row + col 0.815 -> 0.788 ms, act_lu GELU NVFP4 row 0.680 -> 0.644 ms.
+            // codes of half of the rows (lane tx % 2 == h takes rows [h R / 2, (h + 1) R / 2),
+            // R = kRowsPerThread is 2 or 4 here) and gives them to the other: one shuffle for ~16
+            // instructions of nvfp4_scale, most of them on the ALU pipe (measured faster:
+            // ffi/cuda/NOTES.md, "The ALU pipe").
             [[maybe_unused]] uint8_t fp4_codes[kOutHalves][kRowsPerThread];
             if constexpr (kFp4Cmp) {
               const bool upper = (tx & 1) != 0;
@@ -449,11 +448,11 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
               dst[1] = make_uint4(ck[4], ck[5], ck[6], ck[7]);
             }
             __syncthreads();
-            // Column block maxima (and the colwise block scales) by kOutHalves * kColBlocks * kCols threads, in
-            // an unrolled loop whose index arithmetic folds (as a runtime loop, index and address
-            // arithmetic was ~60 of the ~115 instructions per column block in the SASS). cb: the
-            // tile's first row of colwise block scales, at its column 0 (block row
-            // (r0 + 16 blk) / 16 = r0 / 16 + blk for NVFP4, r0 / 32 for MXFP8).
+            // Column block maxima (and the colwise block scales) by kOutHalves * kColBlocks * kCols
+            // threads, in an unrolled loop whose index arithmetic folds (as a runtime loop, index
+            // and address arithmetic was about half of the reducers' instructions). cb: the tile's
+            // first row of colwise block scales, at its column 0 (block row (r0 + 16 blk) / 16 =
+            // r0 / 16 + blk for NVFP4, r0 / 32 for MXFP8).
             constexpr int kLanesPerBlk = kRowLanes / kColBlocks;
             constexpr int kRedItems = kOutHalves * kColBlocks * kCols;
             uint8_t* const cb = args.colwise_block_scale + (r0 / (M == Mode::kMx ? 32 : 16)) * y_cols + tile_c0;
