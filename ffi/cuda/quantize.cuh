@@ -15,6 +15,7 @@
 //   emitter.cuh       the emitter interface and the block's shared buffers
 //   emit_tensor.cuh   TENSOR: scaled FP8 codes, the transposed layout through shared memory
 //   emit_block_scaled.cuh   MXFP8 / NVFP4 block maxima, rowwise by shuffles, colwise by reducers
+//   mxfp8_scale.cuh   MXFP8 block scale and factor (MxScale)
 //   emit_mxfp8.cuh    MXFP8 scales and codes
 //   emit_nvfp4.cuh    NVFP4 scales and codes
 //   emit_amax.cuh     the amax pass (nothing per tile)

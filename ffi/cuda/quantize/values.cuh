@@ -1,6 +1,6 @@
 // A row's 8 values of one column lane: the raw loaded words (RawWords8, load8, to_float8) and
 // y rounded to x's dtype (Values8), with the max keys of |y| that the amax and the block scales
-// take; the standalone quantize of a 16-bit input takes the loaded words as y (kRawIdentity).
+// take.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/activations.h"
 #include "cuda/device_utils.cuh"
 
 namespace te_jax::cuda::quant {
@@ -85,7 +84,9 @@ struct Values8 {
   // one half.
   static constexpr int kWords = 4;
   __device__ __forceinline__ uint32_t key_word(int j) const { return w[j] * 2u; }
-  static __device__ __forceinline__ uint32_t key_max(uint32_t a, uint32_t b) { return __vmaxu2(a, b); }
+  static __device__ __forceinline__ uint32_t key_max(uint32_t a, uint32_t b) {
+    return __vmaxu2(a, b);
+  }
   static __device__ __forceinline__ uint32_t half_key(uint32_t h) {  // 15-bit |y| -> float32 key
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       return h << 16;
@@ -167,26 +168,6 @@ __device__ __forceinline__ uint32_t packed_max8(const Values8<T>& v) {
 #pragma unroll
   for (int j = 1; j < Values8<T>::kWords; ++j) m = Values8<T>::key_max(m, v.key_word(j));
   return m;
-}
-
-// The standalone quantize of a 16-bit input (the identity forward): y is x itself, so the kernel
-// takes the loaded words as they are instead of converting them to float32 and back (12
-// instructions per 8 values). The round trip quiets signalling NaNs (the CPU's store sets the
-// quiet bit and keeps the payload): no code depends on a NaN's payload, but the amax does, so it
-// takes the words through quiet_nan16.
-template <typename Spec, typename T, bool kBwd>
-inline constexpr bool kRawIdentity = !kBwd && !Spec::kGated && !std::is_same_v<T, float> &&
-                                     std::is_same_v<typename Spec::Act, act::Identity>;
-
-// The packed 16-bit pair w with the quiet bit set in each NaN half (bfloat16 bit 6, float16 bit 9):
-// a half is NaN when its magnitude exceeds the infinity's, which the add carries into bit 15.
-template <typename T>
-__device__ __forceinline__ uint32_t quiet_nan16(uint32_t w) {
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  constexpr uint32_t kBelowNan = kBf16 ? 0x007f007fu : 0x03ff03ffu;  // 0x7fff - inf
-  constexpr int kShift = kBf16 ? 9 : 6;                             // bit 15 -> the quiet bit
-  const uint32_t nan = ((w & 0x7fff7fffu) + kBelowNan) & 0x80008000u;
-  return w | (nan >> kShift);
 }
 
 }  // namespace te_jax::cuda::quant
