@@ -8,7 +8,7 @@
 //   geometry.cuh      Mode, the tile shape and lane layout (TileGeometry), the register cap
 //   args.cuh          the kernel's runtime arguments (QuantizeArgs), the batch's tensor scale
 //   values.cuh        a lane's 8 values of a row: raw loads, y rounded to x's dtype, max keys
-//   tile.cuh          where a tile and a thread are (Lane, TilePosition), its values (TileValues)
+//   tile.cuh          where a tile and a thread are (Lane, TilePosition)
 //   produce.cuh       the tile's loads (TileLoader, with the MXFP8 forward's prefetch) and values
 //   codes.cuh         FP8 codes and the code stores shared by the emitters
 //   nvfp4_codes.cuh   NVFP4 block scales and E2M1 codes, by division or by comparison (Fp4Table)
