@@ -16,8 +16,8 @@ Rows (``H = --hidden``, ``M`` rows so that one ``(M, H)`` tensor of ``--dtype`` 
 The composites are what a JAX user writes: tensor scaling ``amax = max|y|`` (current:
 ``scale = Q / amax``), ``clip(y · scale, ±Q).astype(fp8)``, colwise ``y.T``; MXFP8
 ``2^ceil(log2(block_amax / Q))`` per 32 values; NVFP4 ``S = 6·448 / amax``, E4M3 block scales per
-16 values, E2M1 codes. They are approximations of SPEC.md's exact rules with the same memory
-traffic, which is what is timed.
+16 values, E2M1 codes. They are approximations of docs/numerics.md's exact rules with the same
+memory traffic, which is what is timed.
 
 Bytes counted (the minimum traffic, as the issue states it): every input read once, every output
 written once (data, block scales; scalars ignored), plus one more read of the inputs for the

@@ -1,7 +1,7 @@
 """Float64 NumPy oracle for every activation of docs/numerics.md §1 and the dbias rule of §2.
 
-Written straight from SPEC.md, independently of ``te_jax`` (it imports nothing from it): the
-tests hold both the FFI kernels and ``te_jax.reference`` against this file.
+Written straight from docs/numerics.md, independently of ``te_jax`` (it imports nothing from
+it): the tests hold both the FFI kernels and ``te_jax.reference`` against this file.
 
 Activations are named by their enum value (0-13, docs/numerics.md §1). ``params`` is anything
 with the attributes ``limit``, ``alpha`` and ``glu_linear_offset`` (a
@@ -23,7 +23,7 @@ try:  # scipy is a dependency of jax, but the oracle does not insist on it.
 except ImportError:  # pragma: no cover
     _erf = np.vectorize(math.erf, otypes=[np.float64])
 
-GELU_K = 0.7978845608028654  # sqrt(2 / pi), SPEC writes 0.7978845608
+GELU_K = 0.7978845608028654  # sqrt(2 / pi), rounded to 0.7978845608 in the docs
 GELU_C = 0.044715
 QGELU_ALPHA = float(np.float32(1.702))  # the kernels hold 1.702 as a float32 constant
 

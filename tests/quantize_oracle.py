@@ -201,7 +201,7 @@ def delayed_update(scale, history, amax_, q_max, margin=0, algo="max"):
     a = F32(a)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         new = (F32(q_max) / a) / F32(2.0**margin)
-    # te_jax (a refinement of SPEC.md): the old scale is also kept when the new one is not
+    # te_jax (docs/numerics.md §4): the old scale is also kept when the new one is not
     # finite (a subnormal a), so the scale is always finite.
     s = F32(scale) if (not np.isfinite(a) or a <= 0 or not np.isfinite(new)) else F32(new)
     h = np.roll(h, -1)

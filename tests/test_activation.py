@@ -113,7 +113,8 @@ def test_ops_match_float64_oracle(case, dtype, shape, impl, rng):
 
 @pytest.mark.parametrize("case, dtype, shape", MATRIX)
 def test_ffi_matches_xla(case, dtype, shape, rng):
-    """The two paths agree within twice the SPEC tolerance (each is within it of float64)."""
+    """The two paths agree within twice the docs/numerics.md §7 tolerance (each is within it of
+    float64)."""
     act, params = case
     x, dz = _inputs(rng, case, dtype, shape)
     ffi = all_ops(jnp.asarray(x), jnp.asarray(dz), act.names, params, "ffi")

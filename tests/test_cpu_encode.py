@@ -1,5 +1,5 @@
-"""The CPU loops' FP8 / FP4 encoders (ffi/cpu/encode.h) against common/formats.h, bit for bit,
-and the CPU kernels' exact fallbacks against the pure-JAX reference.
+"""The CPU loops' FP8 / FP4 encoders (ffi/activation/cpu/encode.h) against common/formats.h, bit
+for bit, and the CPU kernels' exact fallbacks against the pure-JAX reference.
 
 test_encoders_match_formats_h builds ffi/cpu/tests/encode_test.cc with the CPU extension's
 optimisation flags and runs it: every float32 bit pattern through the E4M3 / E5M2 / E2M1

@@ -1,7 +1,7 @@
 """The fused quantized ops (act_lu / quantize_dact_dbias / dact_lu / quantize with a quantizer)
 against the pure-JAX path, bit for bit, for every scaling mode x layout x q_dtype x activation
 (gated and not) x input dtype. The pure-JAX path itself is checked against the NumPy/ml_dtypes
-oracle in tests/quantize/, so the kernels equal SPEC.md transitively.
+oracle in tests/quantize/, so the kernels meet docs/numerics.md transitively.
 
 Every activation of one (mode, q_dtype, layout, dtype, op) runs in one jitted function, so the
 whole cross product compiles in a few dozen programs.

@@ -139,9 +139,9 @@ def test_delayed_update_keeps_scale_for_zero_inf_nan():
 
 
 def test_delayed_update_keeps_a_finite_scale_for_a_subnormal_amax():
-    """A subnormal amax is > 0 and finite, but Q / a overflows: te_jax keeps the old scale (SPEC
-    keeps it only for a <= 0 or non-finite a, which would make the scale inf and every
-    quantized zero NaN)."""
+    """A subnormal amax is > 0 and finite, but Q / a overflows: te_jax keeps the old scale
+    (docs/numerics.md §4), where keeping it only for a <= 0 or a non-finite a would make the
+    scale inf and every quantized zero NaN."""
     q = update(DelayedScaleQuantizer.create(amax_history_len=1), jnp.float32(1e-40))
     assert float(q.scale) == 1.0
     q = update(DelayedScaleQuantizer.create(amax_history_len=1), jnp.float32(2.0**-100))

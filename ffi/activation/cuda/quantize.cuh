@@ -22,7 +22,7 @@
 //   dbias.cuh         the dbias partial sums of a work item
 //   kernel.cuh        the kernel: work items, tiles, produce + emit, amax and dbias at the end
 //   launch.cuh        host side: grid, arguments, routing to elementwise.cuh, dispatch
-// Design notes: ffi/cuda/NOTES.md ("Quantized path").
+// Design notes: ffi/activation/cuda/NOTES.md ("Quantized path").
 #pragma once
 
 #include "activation/cuda/quantize/launch.cuh"

@@ -16,15 +16,15 @@ namespace te_jax::cuda::quant {
 
 template <typename Spec, typename T, bool kBwd>
 struct AmaxEmitter {
-  using Geo = TileGeometry<Spec, T, kBwd>;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
   static constexpr bool kTensorScale = false;
   static constexpr bool kWholeTileCopy = false;
   static constexpr bool kPrefetchInputs = false;
   static constexpr size_t kExchangeBytes = 0;
   static constexpr size_t kBlockBytes = 16;
   static constexpr int kTableRows = 1;
-  using ValidCols = int[Geo::kRowsPerThread];
-  using TileY = Values8<T>[Geo::kRowsPerThread][Geo::kOutHalves];
+  using ValidCols = int[TileShape::kRowsPerThread];
+  using TileY = Values8<T>[TileShape::kRowsPerThread][TileShape::kOutHalves];
 
   __device__ __forceinline__ static void begin_batch(const QuantizeArgs&, const SharedBuffers&,
                                                      uint32_t) {}

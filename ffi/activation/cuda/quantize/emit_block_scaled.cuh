@@ -26,12 +26,13 @@ namespace te_jax::cuda::quant {
 // kColBlocks (colwise blocks per tile column), emit_rows, reduce_column_block and emit_columns.
 template <typename Format, typename Spec, typename T, bool kBwd>
 struct BlockScaledEmitter {
-  using Geo = TileGeometry<Spec, T, kBwd>;
-  static constexpr int kOutHalves = Geo::kOutHalves, kRowsPerThread = Geo::kRowsPerThread;
-  static constexpr int kCols = Geo::kCols, kRowLanes = Geo::kRowLanes;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
+  static constexpr int kOutHalves = TileShape::kOutHalves;
+  static constexpr int kRowsPerThread = TileShape::kRowsPerThread;
+  static constexpr int kCols = TileShape::kCols, kRowLanes = TileShape::kRowLanes;
   // The whole tiles of the forward (every row and column inside, vector loads and stores),
   // nearly all of a large input, run a copy of the tile body whose edge checks are constants
-  // (branches were a large share of the instructions: ffi/cuda/NOTES.md, "Per-tile overhead").
+  // (branches were a large share of the instructions: NOTES.md, "Per-tile overhead").
   // The backward keeps one copy: the second one added spills there.
   static constexpr bool kWholeTileCopy = !kBwd;
   // The per-lane column maxima [kOutHalves][kRowLanes][kCols] u32.

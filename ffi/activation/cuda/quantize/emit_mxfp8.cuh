@@ -21,15 +21,16 @@ namespace te_jax::cuda::quant {
 template <typename Spec, typename T, bool kBwd>
 struct Mxfp8Emitter
     : BlockScaledEmitter<Mxfp8Emitter<Spec, T, kBwd>, Spec, T, kBwd> {
-  using Geo = TileGeometry<Spec, T, kBwd>;
-  static constexpr int kOutHalves = Geo::kOutHalves, kRowsPerThread = Geo::kRowsPerThread;
-  static constexpr int kCols = Geo::kCols;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
+  static constexpr int kOutHalves = TileShape::kOutHalves;
+  static constexpr int kRowsPerThread = TileShape::kRowsPerThread;
+  static constexpr int kCols = TileShape::kCols;
   static constexpr int kBlock = 32;
   static constexpr int kGroupLanes = 4;
   static constexpr int kColBlocks = 1;
   static constexpr bool kTensorScale = false;
   // The forward copies the next whole tile's inputs into shared memory while it computes this
-  // one (measured faster for MXFP8, slower for NVFP4: ffi/cuda/NOTES.md, "The ALU pipe").
+  // one (measured faster for MXFP8, slower for NVFP4: NOTES.md, "The ALU pipe").
   static constexpr bool kPrefetchInputs = !kBwd;
   // Per column: the scaling factor (MxScale::factor) [kOutHalves][kCols] float.
   static constexpr size_t kBlockBytes = size_t{kOutHalves} * kCols * 4;

@@ -24,15 +24,16 @@ namespace te_jax::cuda::quant {
 template <typename Spec, typename T, bool kBwd>
 struct Nvfp4Emitter
     : BlockScaledEmitter<Nvfp4Emitter<Spec, T, kBwd>, Spec, T, kBwd> {
-  using Geo = TileGeometry<Spec, T, kBwd>;
-  static constexpr int kOutHalves = Geo::kOutHalves, kRowsPerThread = Geo::kRowsPerThread;
-  static constexpr int kCols = Geo::kCols, kColLanes = Geo::kColLanes;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
+  static constexpr int kOutHalves = TileShape::kOutHalves;
+  static constexpr int kRowsPerThread = TileShape::kRowsPerThread;
+  static constexpr int kCols = TileShape::kCols, kColLanes = TileShape::kColLanes;
   static constexpr int kBlock = 16;
   static constexpr int kGroupLanes = 2;
   static constexpr int kColBlocks = 2;
   static constexpr bool kByCompare = kFp4ByCompare<T>;
   static constexpr bool kTensorScale = true;
-  // Measured slower with the prefetch of the next tile's inputs (ffi/cuda/NOTES.md): loads
+  // Measured slower with the prefetch of the next tile's inputs (NOTES.md): loads
   // directly.
   static constexpr bool kPrefetchInputs = false;
   // Per column block [kOutHalves][kColBlocks][kCols]: the decoded E4M3 block scale and its
@@ -70,7 +71,7 @@ struct Nvfp4Emitter
     // 16-bit inputs: the two lanes of a block hold the same keys; each computes the scale codes
     // of half of the rows (lane tx % 2 == h takes rows [h R / 2, (h + 1) R / 2), R =
     // kRowsPerThread is 2 or 4 here) and gives them to the other: one shuffle for ~16
-    // instructions of nvfp4_scale, most of them on the ALU pipe (ffi/cuda/NOTES.md).
+    // instructions of nvfp4_scale, most of them on the ALU pipe (NOTES.md).
     [[maybe_unused]] uint8_t fp4_codes[kOutHalves][kRowsPerThread];
     if constexpr (kByCompare) {
       constexpr int kHalfRows = kRowsPerThread / 2;

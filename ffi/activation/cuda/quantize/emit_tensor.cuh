@@ -19,12 +19,13 @@ namespace te_jax::cuda::quant {
 
 template <typename Spec, typename T, bool kBwd>
 struct TensorEmitter {
-  using Geo = TileGeometry<Spec, T, kBwd>;
-  static constexpr int kOutHalves = Geo::kOutHalves, kRowsPerThread = Geo::kRowsPerThread;
-  static constexpr int kCols = Geo::kCols;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
+  static constexpr int kOutHalves = TileShape::kOutHalves;
+  static constexpr int kRowsPerThread = TileShape::kRowsPerThread;
+  static constexpr int kCols = TileShape::kCols;
   static constexpr bool kTensorScale = true;
   // One copy of the tile body: a second one for whole tiles added spills here (measured slower:
-  // ffi/cuda/NOTES.md, "Per-tile overhead").
+  // NOTES.md, "Per-tile overhead").
   static constexpr bool kWholeTileCopy = false;
   static constexpr bool kPrefetchInputs = false;
   // The transposed codes' row stride: with 4 rows per thread each row is padded by one bank word
@@ -91,7 +92,7 @@ struct TensorEmitter {
       // (one row of the group each), two 4x4 byte transposes, then per column one 8-byte store
       // of its 8 rows. The 4 lanes of a group fill each column's 32-byte sector in one store
       // instruction (8 whole sectors per instruction; one column per thread wrote 16-byte
-      // halves, 32 per instruction, well below copy bandwidth: ffi/cuda/NOTES.md).
+      // halves, 32 per instruction, well below copy bandwidth: NOTES.md).
       const int q = tid & 3, grp = tid >> 2;
       const int rb = 8 * q;
       const uint64_t col0 = tile.first_col + 4 * grp;

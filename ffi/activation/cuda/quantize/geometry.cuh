@@ -33,7 +33,7 @@ struct TileGeometry {
 // Blocks per SM the registers are capped for: the tightest cap that did not spill (GELU_EXACT
 // aside): 4 (<= 64 registers) for the tensor-scaled and amax kernels, 3 (<= 80) for the
 // block-scaled ones, 2 (<= 128) for the gated backward. The NVFP4 forward of 16-bit inputs
-// (codes by comparison) takes 4 too: measured faster than 3 (ffi/cuda/NOTES.md), though most of
+// (codes by comparison) takes 4 too: measured faster than 3 (NOTES.md), though most of
 // its bf16 instantiations then spill 8 bytes.
 template <typename Spec, typename T, Mode M, bool kBwd>
 constexpr int kMinBlocksPerSm = (kBwd && Spec::kGated)                       ? 2

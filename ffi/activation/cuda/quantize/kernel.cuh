@@ -4,7 +4,7 @@
 // Work items are the grid's (x, y, z), one block each, grid-strided where LaunchConfig::max_blocks
 // caps the grid or y / z exceed 65535. A group's tiles step their addresses from one to the next:
 // no 64-bit division or product per tile (with a flat item index, the divisions that split it
-// cost as much as the tile's own work; ffi/cuda/NOTES.md).
+// cost as much as the tile's own work; NOTES.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,13 +33,13 @@ namespace te_jax::cuda::quant {
 template <typename Spec, typename T, Mode M, bool kBwd>
 __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
     quantize_kernel(const QuantizeArgs args) {
-  using Geo = TileGeometry<Spec, T, kBwd>;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
   using Emit = typename EmitterOf<M, Spec, T, kBwd>::type;
   using Loader = TileLoader<Spec, T, kBwd, Emit::kPrefetchInputs>;
-  using Dbias = DbiasSums<Geo::kOutHalves>;
-  constexpr int kInHalves = Geo::kInHalves, kOutHalves = Geo::kOutHalves;
-  constexpr int kRowsPerThread = Geo::kRowsPerThread, kCols = Geo::kCols;
-  constexpr int kColLanes = Geo::kColLanes, kRowLanes = Geo::kRowLanes;
+  using Dbias = DbiasSums<TileShape::kOutHalves>;
+  constexpr int kInHalves = TileShape::kInHalves, kOutHalves = TileShape::kOutHalves;
+  constexpr int kRowsPerThread = TileShape::kRowsPerThread, kCols = TileShape::kCols;
+  constexpr int kColLanes = TileShape::kColLanes, kRowLanes = TileShape::kRowLanes;
   // The dbias partials alias the emitter's exchange buffer (written after a barrier).
   constexpr size_t kExchangeBytes =
       std::max({Emit::kExchangeBytes,
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
                                y_off, kWhole || args.vec_out};
         int valid_cols[kRowsPerThread];
         // All of the tile's loads, then compute.
-        RawWords8<T> in[kRowsPerThread][Geo::kLoadsPerRow];
+        RawWords8<T> in[kRowsPerThread][TileShape::kLoadsPerRow];
         loader.template load<kWhole>(lane, pos, t_end, x_off, z_off, ncol, vec_in, in, valid_cols);
         Values8<T> v[kRowsPerThread][kOutHalves];
         compute_tile_values<Spec, T, kBwd>(args, in, valid_cols, v, amax_key, dbias);

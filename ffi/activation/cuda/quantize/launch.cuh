@@ -43,7 +43,8 @@ constexpr DType kDTypeOf = std::is_same_v<T, float>           ? DType::F32
 // The rowwise tensor-scaled codes and the amax passes, without dbias, on elementwise.cuh's kernel
 // (one flat pass; no tile structure is needed when nothing is transposed, blocked or summed).
 template <typename Spec, typename T, Mode M, bool kBwd>
-cudaError_t launch_quantized_eltwise(const QuantizeCall& call, cudaStream_t stream, const LaunchConfig& cfg) {
+cudaError_t launch_quantized_eltwise(const QuantizeCall& call, cudaStream_t stream,
+                                     const LaunchConfig& cfg) {
   static_assert(M == Mode::kTensor || M == Mode::kAmax, "elementwise modes");
   const QuantOutput& q = *call.q;
   EltArgs<T> args{};
@@ -62,8 +63,9 @@ cudaError_t launch_quantized_eltwise(const QuantizeCall& call, cudaStream_t stre
 }
 
 template <typename Spec, typename T, Mode M, bool kBwd>
-cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream, const LaunchConfig& cfg) {
-  using Geo = TileGeometry<Spec, T, kBwd>;
+cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
+                             const LaunchConfig& cfg) {
+  using TileShape = TileGeometry<Spec, T, kBwd>;
   auto* const kernel = &quantize_kernel<Spec, T, M, kBwd>;
   const QuantOutput& q = *call.q;
   if constexpr (M == Mode::kTensor || M == Mode::kAmax) {
@@ -100,11 +102,11 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream, cons
   args.x = call.x;
   args.dz = call.dz;
   args.H = H;
-  args.y_cols = Geo::kOutHalves * H;
+  args.y_cols = TileShape::kOutHalves * H;
   args.batches = batches;
   args.rows_per_batch = M_ / batches;
   const uint64_t row_tiles = (args.rows_per_batch + kTileRows - 1) / kTileRows;
-  const uint64_t col_tiles = (H + Geo::kCols - 1) / Geo::kCols;
+  const uint64_t col_tiles = (H + TileShape::kCols - 1) / TileShape::kCols;
   uint64_t groups = call.ws != nullptr ? static_cast<uint64_t>(call.groups) : row_tiles;
   // One block per item; LaunchConfig::max_blocks (tests) caps the grid, x first.
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
@@ -115,7 +117,7 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream, cons
   // counted from the code: a few percent of one row tile's work); never fewer than 4096 blocks,
   // so that the last wave's idle SMs do not show. The tensor-scaled transposed store keeps one
   // row tile per block: there the blocks that run together should write neighbouring 32-row
-  // pieces of each colwise row. Both measured on the H100: ffi/cuda/NOTES.md, "The ALU pipe".
+  // pieces of each colwise row. Both measured on the H100: NOTES.md, "The ALU pipe".
   uint64_t gy_max = 65535;
   if constexpr (M == Mode::kMx || M == Mode::kNvfp4) {
     const uint64_t blocks = std::max<uint64_t>((col_tiles * row_tiles * batches + 7) / 8, 4096);
@@ -149,7 +151,7 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream, cons
   const uintptr_t out_align = M == Mode::kNvfp4 ? 4 : 8;
   args.vec_out = H % 8 == 0 && aligned(q.data, out_align) &&
               (M == Mode::kTensor || aligned(q.colwise, out_align));
-  constexpr int kChunkRows = 8 * Geo::kRowsPerThread;
+  constexpr int kChunkRows = 8 * TileShape::kRowsPerThread;
   args.vec_transposed = args.rows_per_batch % kChunkRows == 0 && aligned(q.colwise, 16);
 
   const bool scale_inv = q.scale_inv != nullptr;
@@ -160,7 +162,8 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream, cons
   kernel<<<grid, kThreads, 0, stream>>>(args);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (call.dbias != nullptr && args.y_cols > 0) {
-    return launch_dbias_finalize(call.ws, call.dbias, kDTypeOf<T>, args.y_cols, groups, batches, stream, false);
+    return launch_dbias_finalize(call.ws, call.dbias, kDTypeOf<T>, args.y_cols, groups, batches,
+                                 stream, false);
   }
   return cudaSuccess;
 }
@@ -168,7 +171,8 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream, cons
 // Dispatch over activation and dtype for one mode. The backward skips IDENTITY (no op uses it).
 template <Mode M>
 cudaError_t dispatch_forward(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
-  const QuantizeCall call{p.x, nullptr, p.rows, p.hidden, p.params, &p.q, nullptr, nullptr, 0, p.dtype};
+  const QuantizeCall call{p.x,      nullptr, p.rows, p.hidden, p.params,
+                          &p.q,     nullptr, nullptr, 0,        p.dtype};
   cudaError_t err = cudaErrorInvalidValue;
   with_activation(p.act, [&](auto spec) {
     using Spec = decltype(spec);

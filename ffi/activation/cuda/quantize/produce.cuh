@@ -45,10 +45,10 @@ __device__ __forceinline__ uint32_t quiet_nan16(uint32_t w) {
 // soon as tile rt's have been read, so they are in flight while tile rt is computed.
 template <typename Spec, typename T, bool kBwd, bool kPrefetch>
 struct TileLoader {
-  using Geo = TileGeometry<Spec, T, kBwd>;
-  static constexpr int kInHalves = Geo::kInHalves;
-  static constexpr int kRowsPerThread = Geo::kRowsPerThread;
-  static constexpr int kLoadsPerRow = Geo::kLoadsPerRow;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
+  static constexpr int kInHalves = TileShape::kInHalves;
+  static constexpr int kRowsPerThread = TileShape::kRowsPerThread;
+  static constexpr int kLoadsPerRow = TileShape::kLoadsPerRow;
   // The prefetch buffer: per thread kRowsPerThread * kInHalves loads of 8 elements, in 16-byte
   // chunks [chunk][thread] (a warp's chunk is 512 contiguous bytes: no bank conflicts).
   static constexpr int kChunksPerLoad = static_cast<int>(sizeof(T)) / 2;
@@ -139,9 +139,9 @@ __device__ __forceinline__ void compute_tile_values(
     Values8<T> (&y)[TileGeometry<Spec, T, kBwd>::kRowsPerThread]
                    [TileGeometry<Spec, T, kBwd>::kOutHalves],
     uint32_t& amax_key, DbiasSums<TileGeometry<Spec, T, kBwd>::kOutHalves>& dbias) {
-  using Geo = TileGeometry<Spec, T, kBwd>;
-  constexpr int kInHalves = Geo::kInHalves, kOutHalves = Geo::kOutHalves;
-  constexpr int kRowsPerThread = Geo::kRowsPerThread;
+  using TileShape = TileGeometry<Spec, T, kBwd>;
+  constexpr int kInHalves = TileShape::kInHalves, kOutHalves = TileShape::kOutHalves;
+  constexpr int kRowsPerThread = TileShape::kRowsPerThread;
   if constexpr (kRawIdentity<Spec, T, kBwd>) {
     // y = x: the loaded words are the values (invalid elements were loaded as 0).
 #pragma unroll

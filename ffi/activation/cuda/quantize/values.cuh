@@ -79,7 +79,7 @@ struct Values8 {
   // lands in the high half's lowest bit, which can only order equal magnitudes, and which the
   // keys shift out: the larger of 2a + g and 2b + g' (g, g' < 2) is, halved, max(a, b). The
   // doubling is a multiply, on the FMA pipe, where the mask & 0x7fff7fff was a logic operation on
-  // the ALU pipe, the one that bounds the NVFP4 kernels (ffi/cuda/NOTES.md, "The ALU pipe").
+  // the ALU pipe, the one that bounds the NVFP4 kernels (NOTES.md, "The ALU pipe").
   // to_key turns such a packed max into the float32 key of the larger half; key_lo / key_hi of
   // one half.
   static constexpr int kWords = 4;

@@ -4,7 +4,7 @@ One-pass modes (delayed, MXFP8) make one quantizing call. The two-pass modes (cu
 NVFP4) first take the tensor amax (and dbias) in an amax pass, max-reduce it across the shards
 with ``reduce_amax`` (the partition's ``pmax``), and hand it to the quantizing call, whose kernel
 derives the scale (``Q / amax``, resp. ``6·448 / amax``) and writes ``1 / scale``, both exactly
-(``ffi/common/problem.h``). So every shard quantizes with the global scale.
+(``ffi/common/quant_output.h``). So every shard quantizes with the global scale.
 """
 
 from __future__ import annotations
