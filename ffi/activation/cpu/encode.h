@@ -23,9 +23,9 @@
 
 #include <cstdint>
 
+#include "activation/cpu/loops.h"
 #include "common/formats.h"
 #include "common/host_math.h"
-#include "activation/cpu/loops.h"
 
 namespace te_jax::cpu {
 namespace {

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "activation/activations.h"
+#include "activation/cpu/loops.h"
 #include "common/host_math.h"
 #include "common/macros.h"
-#include "activation/cpu/loops.h"
 #include "cpu/parallel.h"
 
 namespace te_jax::cpu {

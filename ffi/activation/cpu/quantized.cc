@@ -28,13 +28,13 @@
 #include <vector>
 
 #include "activation/activations.h"
-#include "common/formats.h"
-#include "activation/problem.h"
 #include "activation/cpu/encode.h"
 #include "activation/cpu/kernels.h"
 #include "activation/cpu/loops.h"
-#include "cpu/parallel.h"
 #include "activation/cpu/transpose.h"
+#include "activation/problem.h"
+#include "common/formats.h"
+#include "cpu/parallel.h"
 
 namespace te_jax::cpu {
 namespace {

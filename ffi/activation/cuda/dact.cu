@@ -5,9 +5,9 @@
 #include <cuda_fp16.h>
 
 #include "activation/activations.h"
-#include "activation/problem.h"
 #include "activation/cuda/elementwise.cuh"
 #include "activation/cuda/launch.h"
+#include "activation/problem.h"
 
 namespace te_jax::cuda {
 

@@ -30,9 +30,9 @@
 #include <cstdint>
 
 #include "activation/activations.h"
+#include "activation/cuda/launch.h"
 #include "activation/problem.h"
 #include "cuda/device_utils.cuh"
-#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 namespace {

@@ -27,11 +27,11 @@
 #include <cstdint>
 
 #include "activation/activations.h"
-#include "common/formats.h"
+#include "activation/cuda/launch.h"
 #include "activation/problem.h"
+#include "common/formats.h"
 #include "cuda/device_utils.cuh"
 #include "cuda/fp8_codes.cuh"
-#include "activation/cuda/launch.h"
 
 namespace te_jax::cuda {
 

@@ -7,7 +7,7 @@ namespace te_jax::cuda {
 
 cudaError_t launch_act_lu_q_amax(const ActLuProblem& p, cudaStream_t stream,
                                  const LaunchConfig& cfg) {
-  return quant::dispatch_forward<quant::Mode::kAmax>(p, stream, cfg);
+  return quant::dispatch_forward<QuantEmit::AMAX_PASS>(p, stream, cfg);
 }
 
 }  // namespace te_jax::cuda

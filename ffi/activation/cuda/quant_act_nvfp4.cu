@@ -6,7 +6,7 @@ namespace te_jax::cuda {
 
 cudaError_t launch_act_lu_q_nvfp4(const ActLuProblem& p, cudaStream_t stream,
                                   const LaunchConfig& cfg) {
-  return quant::dispatch_forward<quant::Mode::kNvfp4>(p, stream, cfg);
+  return quant::dispatch_forward<QuantEmit::NVFP4>(p, stream, cfg);
 }
 
 }  // namespace te_jax::cuda

@@ -7,7 +7,7 @@ namespace te_jax::cuda {
 
 cudaError_t launch_act_lu_q_tensor(const ActLuProblem& p, cudaStream_t stream,
                                    const LaunchConfig& cfg) {
-  return quant::dispatch_forward<quant::Mode::kTensor>(p, stream, cfg);
+  return quant::dispatch_forward<QuantEmit::TENSOR>(p, stream, cfg);
 }
 
 }  // namespace te_jax::cuda

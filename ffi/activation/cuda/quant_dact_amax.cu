@@ -6,7 +6,7 @@
 namespace te_jax::cuda {
 
 cudaError_t launch_dact_q_amax(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
-  return quant::dispatch_backward<quant::Mode::kAmax>(p, stream, cfg);
+  return quant::dispatch_backward<QuantEmit::AMAX_PASS>(p, stream, cfg);
 }
 
 }  // namespace te_jax::cuda

@@ -5,7 +5,7 @@
 namespace te_jax::cuda {
 
 cudaError_t launch_dact_q_mx(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
-  return quant::dispatch_backward<quant::Mode::kMx>(p, stream, cfg);
+  return quant::dispatch_backward<QuantEmit::MXFP8>(p, stream, cfg);
 }
 
 }  // namespace te_jax::cuda

@@ -6,7 +6,7 @@ namespace te_jax::cuda {
 
 cudaError_t launch_dact_q_nvfp4(const DActProblem& p, cudaStream_t stream,
                                 const LaunchConfig& cfg) {
-  return quant::dispatch_backward<quant::Mode::kNvfp4>(p, stream, cfg);
+  return quant::dispatch_backward<QuantEmit::NVFP4>(p, stream, cfg);
 }
 
 }  // namespace te_jax::cuda

@@ -7,7 +7,7 @@ namespace te_jax::cuda {
 
 cudaError_t launch_dact_q_tensor(const DActProblem& p, cudaStream_t stream,
                                  const LaunchConfig& cfg) {
-  return quant::dispatch_backward<quant::Mode::kTensor>(p, stream, cfg);
+  return quant::dispatch_backward<QuantEmit::TENSOR>(p, stream, cfg);
 }
 
 }  // namespace te_jax::cuda

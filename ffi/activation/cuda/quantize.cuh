@@ -1,11 +1,11 @@
 // The generic (quantizing or amax-only) path of te_jax_act_lu / te_jax_quantize /
 // te_jax_dact_dbias_quantize and the amax passes on CUDA: one tiled kernel template, instantiated
 // per (activation, input dtype, mode, forward/backward) by the quant_*.cu files. Formulas and
-// buffer layouts: common/problem.h, docs/numerics.md §4-§5; the reference semantics are
-// ffi/cpu/quantized.cc, whose bits every output here matches (dbias excepted: it sums in its own
+// buffer layouts: common/quant_output.h, docs/numerics.md §4-§5; the reference semantics are
+// activation/cpu/quantized.cc, whose bits every output here matches (dbias excepted: it sums in its own
 // fixed order). Organised as quantized.cc is: produce a tile's values, emit them per mode, finish
 // the work item. The parts, under quantize/:
-//   geometry.cuh      Mode, the tile shape and lane layout (TileGeometry), the register cap
+//   geometry.cuh      the tile shape and lane layout (TileGeometry), the register cap
 //   args.cuh          the kernel's runtime arguments (QuantizeArgs), the batch's tensor scale
 //   values.cuh        a lane's 8 values of a row: raw loads, y rounded to x's dtype, max keys
 //   tile.cuh          where a tile and a thread are (Lane, TilePosition)

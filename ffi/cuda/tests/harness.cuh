@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "activation/activations.h"
-#include "activation/problem.h"
 #include "activation/cuda/launch.h"
+#include "activation/problem.h"
 #include "cuda/tests/check_cuda.h"
 
 namespace te_jax_test {

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "activation/activations.h"
-#include "common/math.h"
-#include "activation/problem.h"
 #include "activation/cuda/launch.h"
+#include "activation/problem.h"
+#include "common/math.h"
 #include "cuda/tests/harness.cuh"
 
 using namespace te_jax;

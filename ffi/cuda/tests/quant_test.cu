@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "activation/activations.h"
-#include "common/formats.h"
-#include "activation/problem.h"
 #include "activation/cuda/launch.h"
+#include "activation/problem.h"
+#include "common/formats.h"
 #include "cuda/tests/harness.cuh"
 
 using namespace te_jax;

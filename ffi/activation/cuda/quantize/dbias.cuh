@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/device_utils.cuh"
 #include "activation/cuda/quantize/args.cuh"
 #include "activation/cuda/quantize/tile.cuh"
+#include "cuda/device_utils.cuh"
 
 namespace te_jax::cuda::quant {
 

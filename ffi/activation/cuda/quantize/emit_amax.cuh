@@ -36,7 +36,7 @@ struct AmaxEmitter {
 };
 
 template <typename Spec, typename T, bool kBwd>
-struct EmitterOf<Mode::kAmax, Spec, T, kBwd> {
+struct EmitterOf<QuantEmit::AMAX_PASS, Spec, T, kBwd> {
   using type = AmaxEmitter<Spec, T, kBwd>;
 };
 

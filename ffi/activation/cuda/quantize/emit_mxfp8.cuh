@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/formats.h"
 #include "activation/cuda/quantize/args.cuh"
 #include "activation/cuda/quantize/codes.cuh"
 #include "activation/cuda/quantize/emit_block_scaled.cuh"
@@ -15,6 +14,7 @@
 #include "activation/cuda/quantize/geometry.cuh"
 #include "activation/cuda/quantize/mxfp8_scale.cuh"
 #include "activation/cuda/quantize/tile.cuh"
+#include "common/formats.h"
 
 namespace te_jax::cuda::quant {
 
@@ -120,7 +120,7 @@ struct Mxfp8Emitter
 };
 
 template <typename Spec, typename T, bool kBwd>
-struct EmitterOf<Mode::kMx, Spec, T, kBwd> {
+struct EmitterOf<QuantEmit::MXFP8, Spec, T, kBwd> {
   using type = Mxfp8Emitter<Spec, T, kBwd>;
 };
 

@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/formats.h"
 #include "activation/cuda/quantize/args.cuh"
 #include "activation/cuda/quantize/codes.cuh"
 #include "activation/cuda/quantize/emit_block_scaled.cuh"
@@ -18,6 +17,7 @@
 #include "activation/cuda/quantize/geometry.cuh"
 #include "activation/cuda/quantize/nvfp4_codes.cuh"
 #include "activation/cuda/quantize/tile.cuh"
+#include "common/formats.h"
 
 namespace te_jax::cuda::quant {
 
@@ -222,7 +222,7 @@ struct Nvfp4Emitter
 };
 
 template <typename Spec, typename T, bool kBwd>
-struct EmitterOf<Mode::kNvfp4, Spec, T, kBwd> {
+struct EmitterOf<QuantEmit::NVFP4, Spec, T, kBwd> {
   using type = Nvfp4Emitter<Spec, T, kBwd>;
 };
 

@@ -180,7 +180,7 @@ struct TensorEmitter {
 };
 
 template <typename Spec, typename T, bool kBwd>
-struct EmitterOf<Mode::kTensor, Spec, T, kBwd> {
+struct EmitterOf<QuantEmit::TENSOR, Spec, T, kBwd> {
   using type = TensorEmitter<Spec, T, kBwd>;
 };
 

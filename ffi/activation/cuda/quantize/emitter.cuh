@@ -27,7 +27,7 @@ struct SharedBuffers {
   uint32_t (*fp4_table)[kFp4TableWords];
 };
 
-template <Mode M, typename Spec, typename T, bool kBwd>
+template <QuantEmit M, typename Spec, typename T, bool kBwd>
 struct EmitterOf;
 
 }  // namespace te_jax::cuda::quant

@@ -1,15 +1,14 @@
-// The quantizing kernel's modes, tile shape and lane layout, and its register cap.
+// The quantizing kernel's tile shape and lane layout, and its register cap. Its template takes the
+// QuantEmit (common/scaling.h) it emits: FP8 codes under a tensor scale, MXFP8 codes and E8M0
+// block scales, NVFP4 codes and E4M3 block scales, or nothing but the amax (the amax pass).
 #pragma once
 
 #include <type_traits>
 
+#include "common/scaling.h"
 #include "cuda/device_utils.cuh"
 
 namespace te_jax::cuda::quant {
-
-// What the kernel emits per tile besides the max key: FP8 codes under a tensor scale, MXFP8
-// codes and E8M0 block scales, NVFP4 codes and E4M3 block scales, or nothing (the amax pass).
-enum class Mode { kTensor, kMx, kNvfp4, kAmax };
 
 constexpr int kTileRows = 32;
 
@@ -35,10 +34,10 @@ struct TileGeometry {
 // block-scaled ones, 2 (<= 128) for the gated backward. The NVFP4 forward of 16-bit inputs
 // (codes by comparison) takes 4 too: measured faster than 3 (NOTES.md), though most of
 // its bf16 instantiations then spill 8 bytes.
-template <typename Spec, typename T, Mode M, bool kBwd>
+template <typename Spec, typename T, QuantEmit M, bool kBwd>
 constexpr int kMinBlocksPerSm = (kBwd && Spec::kGated)                       ? 2
-                                : (M == Mode::kTensor || M == Mode::kAmax) ? 4
-                                : (M == Mode::kNvfp4 && !std::is_same_v<T, float> && !kBwd) ? 4
+                                : (M == QuantEmit::TENSOR || M == QuantEmit::AMAX_PASS) ? 4
+                                : (M == QuantEmit::NVFP4 && !std::is_same_v<T, float> && !kBwd) ? 4
                                                                            : 3;
 
 }  // namespace te_jax::cuda::quant

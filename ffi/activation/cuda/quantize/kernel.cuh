@@ -14,8 +14,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/formats.h"
-#include "cuda/device_utils.cuh"
 #include "activation/cuda/quantize/args.cuh"
 #include "activation/cuda/quantize/dbias.cuh"
 #include "activation/cuda/quantize/emit_amax.cuh"
@@ -27,10 +25,12 @@
 #include "activation/cuda/quantize/produce.cuh"
 #include "activation/cuda/quantize/tile.cuh"
 #include "activation/cuda/quantize/values.cuh"
+#include "common/formats.h"
+#include "cuda/device_utils.cuh"
 
 namespace te_jax::cuda::quant {
 
-template <typename Spec, typename T, Mode M, bool kBwd>
+template <typename Spec, typename T, QuantEmit M, bool kBwd>
 __global__ void __launch_bounds__(kThreads, (kMinBlocksPerSm<Spec, T, M, kBwd>))
     quantize_kernel(const QuantizeArgs args) {
   using TileShape = TileGeometry<Spec, T, kBwd>;

@@ -11,14 +11,14 @@
 #include <type_traits>
 
 #include "activation/activations.h"
-#include "common/formats.h"
-#include "activation/problem.h"
-#include "cuda/device_utils.cuh"
 #include "activation/cuda/elementwise.cuh"
 #include "activation/cuda/launch.h"
 #include "activation/cuda/quantize/args.cuh"
 #include "activation/cuda/quantize/geometry.cuh"
 #include "activation/cuda/quantize/kernel.cuh"
+#include "activation/problem.h"
+#include "common/formats.h"
+#include "cuda/device_utils.cuh"
 
 namespace te_jax::cuda::quant {
 
@@ -42,10 +42,10 @@ constexpr DType kDTypeOf = std::is_same_v<T, float>           ? DType::F32
 
 // The rowwise tensor-scaled codes and the amax passes, without dbias, on elementwise.cuh's kernel
 // (one flat pass; no tile structure is needed when nothing is transposed, blocked or summed).
-template <typename Spec, typename T, Mode M, bool kBwd>
+template <typename Spec, typename T, QuantEmit M, bool kBwd>
 cudaError_t launch_quantized_eltwise(const QuantizeCall& call, cudaStream_t stream,
                                      const LaunchConfig& cfg) {
-  static_assert(M == Mode::kTensor || M == Mode::kAmax, "elementwise modes");
+  static_assert(M == QuantEmit::TENSOR || M == QuantEmit::AMAX_PASS, "elementwise modes");
   const QuantOutput& q = *call.q;
   EltArgs<T> args{};
   args.x = static_cast<const T*>(call.x);
@@ -58,24 +58,24 @@ cudaError_t launch_quantized_eltwise(const QuantizeCall& call, cudaStream_t stre
   args.scale_numerator = q.scale_numerator;
   args.scale_inv = q.scale_inv;
   args.e5m2 = q.qtype == QType::E5M2;
-  constexpr EltOut kOut = M == Mode::kTensor ? EltOut::kFp8 : EltOut::kNone;
+  constexpr EltOut kOut = M == QuantEmit::TENSOR ? EltOut::kFp8 : EltOut::kNone;
   return launch_eltwise_batches<Spec, T, kBwd, kOut>(args, call.rows, call.hidden, stream, cfg);
 }
 
-template <typename Spec, typename T, Mode M, bool kBwd>
+template <typename Spec, typename T, QuantEmit M, bool kBwd>
 cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
                              const LaunchConfig& cfg) {
   using TileShape = TileGeometry<Spec, T, kBwd>;
   auto* const kernel = &quantize_kernel<Spec, T, M, kBwd>;
   const QuantOutput& q = *call.q;
-  if constexpr (M == Mode::kTensor || M == Mode::kAmax) {
+  if constexpr (M == QuantEmit::TENSOR || M == QuantEmit::AMAX_PASS) {
     if (cfg.load_only) {
       if (cudaError_t e = launch_quantized_eltwise<Spec, T, M, kBwd>(call, stream, cfg);
           e != cudaSuccess) {
         return e;
       }
     } else if (call.ws == nullptr && q.colwise == nullptr &&
-               (M == Mode::kAmax || q.data != nullptr) &&
+               (M == QuantEmit::AMAX_PASS || q.data != nullptr) &&
                static_cast<uint64_t>(q.batches) <= kEltMaxBatches) {
       return launch_quantized_eltwise<Spec, T, M, kBwd>(call, stream, cfg);
     }
@@ -95,7 +95,7 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
     }
   }
   const uint64_t H = static_cast<uint64_t>(call.hidden), M_ = static_cast<uint64_t>(call.rows);
-  if (M == Mode::kNvfp4 && (H % 2) != 0 && (q.data != nullptr || q.colwise != nullptr)) {
+  if (M == QuantEmit::NVFP4 && (H % 2) != 0 && (q.data != nullptr || q.colwise != nullptr)) {
     return cudaErrorInvalidValue;  // two codes per byte need an even row length
   }
   QuantizeArgs args{};
@@ -119,7 +119,7 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
   // row tile per block: there the blocks that run together should write neighbouring 32-row
   // pieces of each colwise row. Both measured on the H100: NOTES.md, "The ALU pipe".
   uint64_t gy_max = 65535;
-  if constexpr (M == Mode::kMx || M == Mode::kNvfp4) {
+  if constexpr (M == QuantEmit::MXFP8 || M == QuantEmit::NVFP4) {
     const uint64_t blocks = std::max<uint64_t>((col_tiles * row_tiles * batches + 7) / 8, 4096);
     gy_max = std::clamp<uint64_t>((blocks + gx - 1) / gx, 1, gy_max);
     if (call.ws == nullptr) groups = std::min(groups, gy_max);
@@ -148,9 +148,9 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
   const auto aligned = [](const void* p, uintptr_t k) {
     return (reinterpret_cast<uintptr_t>(p) % k) == 0;
   };
-  const uintptr_t out_align = M == Mode::kNvfp4 ? 4 : 8;
+  const uintptr_t out_align = M == QuantEmit::NVFP4 ? 4 : 8;
   args.vec_out = H % 8 == 0 && aligned(q.data, out_align) &&
-              (M == Mode::kTensor || aligned(q.colwise, out_align));
+              (M == QuantEmit::TENSOR || aligned(q.colwise, out_align));
   constexpr int kChunkRows = 8 * TileShape::kRowsPerThread;
   args.vec_transposed = args.rows_per_batch % kChunkRows == 0 && aligned(q.colwise, 16);
 
@@ -169,7 +169,7 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
 }
 
 // Dispatch over activation and dtype for one mode. The backward skips IDENTITY (no op uses it).
-template <Mode M>
+template <QuantEmit M>
 cudaError_t dispatch_forward(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
   const QuantizeCall call{p.x,      nullptr, p.rows, p.hidden, p.params,
                           &p.q,     nullptr, nullptr, 0,        p.dtype};
@@ -187,7 +187,7 @@ cudaError_t dispatch_forward(const ActLuProblem& p, cudaStream_t stream, const L
   return err;
 }
 
-template <Mode M>
+template <QuantEmit M>
 cudaError_t dispatch_backward(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
   const QuantizeCall call{p.x,    p.dz,    p.rows,        p.hidden, p.params, &p.q,
                 p.dbias != nullptr ? p.workspace : nullptr, p.dbias, p.groups, p.dtype};

@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "activation/cuda/quantize/codes.cuh"
 #include "common/formats.h"
 #include "cuda/device_utils.cuh"
-#include "activation/cuda/quantize/codes.cuh"
 
 namespace te_jax::cuda::quant {
 

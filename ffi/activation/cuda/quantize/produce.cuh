@@ -10,13 +10,13 @@
 #include <type_traits>
 
 #include "activation/activations.h"
-#include "cuda/device_utils.cuh"
 #include "activation/cuda/elementwise.cuh"
 #include "activation/cuda/quantize/args.cuh"
 #include "activation/cuda/quantize/dbias.cuh"
 #include "activation/cuda/quantize/geometry.cuh"
 #include "activation/cuda/quantize/tile.cuh"
 #include "activation/cuda/quantize/values.cuh"
+#include "cuda/device_utils.cuh"
 
 namespace te_jax::cuda::quant {
 
