@@ -3,7 +3,7 @@
 //   1. the NO_SCALING kernel computes y (act_lu) or dx (dact) on the device, rounded to x's dtype:
 //      the value the quantized path must quantize;
 //   2. the quantizing launch runs into outputs poisoned with 0xFF bytes;
-//   3. a host reference applies ffi/cpu/quantized.cc's formulas (the same formats.h functions:
+//   3. a host reference applies ffi/activation/cpu/quantized.cc's formulas (the same formats.h functions:
 //      mul_exact, div_exact, mul_pow2, the encoders) to the device's y, and every output byte is compared: codes
 //      (rowwise, colwise / transposed), block scales, scale_inv, amax (bits);
 //   4. dbias (backward with a workspace) against a float64 host sum, and bit-identical when the
@@ -109,7 +109,7 @@ std::vector<T> gen_input(size_t n, bool special, float lo_exp = -12, float hi_ex
   return v;
 }
 
-// ---- host reference (ffi/cpu/quantized.cc's formulas) ------------------------------------------
+// ---- host reference (ffi/activation/cpu/quantized.cc's formulas) ------------------------------------------
 
 uint8_t enc8(QType t, float v) { return t == QType::E5M2 ? fmt::to_e5m2(v) : fmt::to_e4m3(v); }
 float qmax8(QType t) { return t == QType::E5M2 ? fmt::E5M2::kMax : fmt::E4M3::kMax; }
