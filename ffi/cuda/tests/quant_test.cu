@@ -3,9 +3,10 @@
 //   1. the NO_SCALING kernel computes y (act_lu) or dx (dact) on the device, rounded to x's dtype:
 //      the value the quantized path must quantize;
 //   2. the quantizing launch runs into outputs poisoned with 0xFF bytes;
-//   3. a host reference applies ffi/activation/cpu/quantized.cc's formulas (the same formats.h functions:
-//      mul_exact, div_exact, mul_pow2, the encoders) to the device's y, and every output byte is compared: codes
-//      (rowwise, colwise / transposed), block scales, scale_inv, amax (bits);
+//   3. a host reference applies ffi/activation/cpu/quantized.cc's formulas (the same formats.h
+//      functions: mul_exact, div_exact, mul_pow2, the encoders) to the device's y, and every output
+//      byte is compared: codes (rowwise, colwise / transposed), block scales, scale_inv, amax
+//      (bits);
 //   4. dbias (backward with a workspace) against a float64 host sum, and bit-identical when the
 //      grid is capped (another summation schedule) and on a second run;
 //   5. the amax passes (q.emit == AMAX_PASS, only amax [and dbias]).
@@ -109,7 +110,7 @@ std::vector<T> gen_input(size_t n, bool special, float lo_exp = -12, float hi_ex
   return v;
 }
 
-// ---- host reference (ffi/activation/cpu/quantized.cc's formulas) ------------------------------------------
+// ---- host reference (ffi/activation/cpu/quantized.cc's formulas) ------------------------------
 
 uint8_t enc8(QType t, float v) { return t == QType::E5M2 ? fmt::to_e5m2(v) : fmt::to_e4m3(v); }
 float qmax8(QType t) { return t == QType::E5M2 ? fmt::E5M2::kMax : fmt::E4M3::kMax; }
@@ -592,7 +593,8 @@ void test_load_only() {
         pa.quantized = true;
         pa.q.emit = m;
         if (cuda::launch_act_lu(pa, 0, load) != cudaSuccess) {
-          fail(std::string("load_only act ") + activation_name(act) + " emit " + quant_emit_name(m));
+          fail(std::string("load_only act ") + activation_name(act) + " emit " +
+               quant_emit_name(m));
         }
         if (act == ActivationEnum::IDENTITY) continue;
         DActProblem pd{};
@@ -604,7 +606,8 @@ void test_load_only() {
         float dummy;
         pd.dbias = &dummy;
         if (cuda::launch_dact_dbias(pd, 0, load) != cudaSuccess) {
-          fail(std::string("load_only dact ") + activation_name(act) + " emit " + quant_emit_name(m));
+          fail(std::string("load_only dact ") + activation_name(act) + " emit " +
+               quant_emit_name(m));
         }
       }
     }
