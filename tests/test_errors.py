@@ -86,6 +86,32 @@ def test_integer_input_is_a_type_error(op, impl, dtype):
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=str)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.complex64], ids=str)
+def test_float8_input_is_te_jax_own_type_error(op, impl, dtype):
+    """An 8-bit float (or complex) input is te_jax's TypeError naming the accepted dtypes, not an
+    error from deep inside jax (it was jax's TypePromotionError from the reference)."""
+    with pytest.raises(TypeError) as info:
+        _trace(op, (4, 8), (4, 8), dtype=dtype, implementation=impl)
+    assert type(info.value) is TypeError, type(info.value)
+    msg = str(info.value)
+    assert msg.startswith(f"te_jax.{op}:"), msg
+    for name in ("float32", "bfloat16", "float16", jnp.dtype(dtype).name):
+        assert name in msg, msg
+
+
+def test_reference_rejects_float8_with_its_own_type_error():
+    with pytest.raises(TypeError, match=r"te_jax.reference: x must be float32, bfloat16"):
+        te_jax.reference.act_lu(jnp.ones((2, 8), jnp.float8_e4m3fn), "gelu")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_float64_warns_that_it_takes_the_pure_jax_path(op):
+    with enable_x64(), pytest.warns(UserWarning, match="float64 input takes the pure-JAX path"):
+        _trace(op, (4, 8), (4, 8), dtype=jnp.float64, implementation=None)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=str)
 @pytest.mark.parametrize("op", ["dact_lu", "quantize_dact_dbias"])
 @pytest.mark.parametrize(
     "act, dz_shape, x_shape",

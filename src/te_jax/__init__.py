@@ -12,6 +12,7 @@ from te_jax import quantize, reference
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
+from te_jax.dispatch import kernels_enabled
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "ActivationParams",
     "ClampedSwiGLUParams",
     "ffi_available",
+    "kernels_enabled",
     "reference",
     "quantize",
 ]

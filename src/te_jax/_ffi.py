@@ -40,9 +40,12 @@ def _canonical(platform: str | None) -> str:
 
 
 def ffi_available(platform: str | None = None) -> bool:
-    """Whether te_jax's FFI kernels are registered for ``platform``.
+    """Whether te_jax's extension for ``platform`` is built and its targets registered with XLA.
 
     ``platform`` is ``"cpu"``, ``"cuda"`` (or ``"gpu"``), or ``None`` for JAX's default backend.
+    This says what was built and loaded, not that such a device exists: ``ffi_available("cuda")``
+    is True wherever the CUDA extension loaded, a machine without a GPU included. Whether the ops
+    will run te_jax's kernels on the device JAX uses is ``te_jax.kernels_enabled()``.
     """
     return _canonical(platform) in _registered
 

@@ -24,19 +24,14 @@ import jax.numpy as jnp
 
 from te_jax import primitives, reference
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
-from te_jax.dispatch import use_ffi
+from te_jax.dispatch import check_input_dtype, use_ffi
 from te_jax.quantized import OpKind, quantized_output
 
 __all__ = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
 
 
 def _check_x(op: str, x, act: ActivationType) -> None:
-    dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(
-            f"te_jax.{op}: x must be a floating-point array (float32, bfloat16 or float16), got "
-            f"{jnp.dtype(dtype).name}"
-        )
+    check_input_dtype(f"te_jax.{op}", jnp.result_type(x))
     shape = jnp.shape(x)
     if act.is_gated:
         if len(shape) < 2 or shape[-2] != 2:

@@ -13,9 +13,10 @@ half, and the output is ``f(a) * b`` of shape ``(..., H)``.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 from collections.abc import Sequence
+
+from te_jax._enum import NamedIntEnum
 
 __all__ = [
     "ActivationType",
@@ -30,7 +31,7 @@ __all__ = [
 IDENTITY_ACT_ENUM = 99
 
 
-class ActivationType(enum.IntEnum):
+class ActivationType(NamedIntEnum):
     """The activations of docs/numerics.md §1; the value is the FFI ``act_enum``.
 
     Each member is declared once, as ``value, components, names``: ``components`` are the

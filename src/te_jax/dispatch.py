@@ -7,21 +7,62 @@
 
 The environment variable ``TE_JAX_IMPLEMENTATION=xla`` (read at trace time) forces the pure-JAX
 path for every call that does not say ``implementation="ffi"``.
+
+Inputs are float32, bfloat16 or float16 (the kernels' dtypes) or float64 (with
+``jax_enable_x64``), which always takes the pure-JAX path and computes in float64; anything else
+is a ``TypeError`` at trace time (``check_input_dtype``).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
 
 from te_jax import _ffi
 
-__all__ = ["use_ffi"]
+__all__ = ["use_ffi", "check_input_dtype", "kernels_enabled"]
 
 _KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_INPUT_DTYPES = _KERNEL_DTYPES + (jnp.dtype(jnp.float64),)
 _IMPLEMENTATIONS = (None, "ffi", "xla")
+
+
+def check_input_dtype(where: str, dtype, what: str = "x") -> jnp.dtype:
+    """Returns ``dtype`` if te_jax takes it as an op's input; raises ``TypeError`` otherwise.
+
+    ``where`` names the op (``"te_jax.act_lu"``), ``what`` the argument.
+    """
+    dt = jnp.dtype(dtype)
+    if dt not in _INPUT_DTYPES:
+        raise TypeError(
+            f"{where}: {what} must be float32, bfloat16 or float16 (or float64, which takes the "
+            f"pure-JAX path), got {dt.name}"
+        )
+    return dt
+
+
+def _environment_implementation() -> str | None:
+    env = os.environ.get("TE_JAX_IMPLEMENTATION", "").strip().lower()
+    if env not in ("", "ffi", "xla"):
+        raise ValueError(f"TE_JAX_IMPLEMENTATION must be 'ffi' or 'xla', got {env!r}")
+    return env or None
+
+
+def kernels_enabled(backend: str | None = None) -> bool:
+    """Whether an op called with ``implementation=None`` runs te_jax's kernels on ``backend``.
+
+    ``backend`` is ``"cpu"``, ``"cuda"`` / ``"gpu"``, or ``None`` for JAX's default backend (the
+    device the op will run on). True when te_jax's extension for that platform is built and
+    registered and ``TE_JAX_IMPLEMENTATION`` does not force the pure-JAX path. Unlike
+    ``ffi_available``, which only says the targets are registered, this answers for a backend
+    JAX can use: on a machine without a GPU, ``kernels_enabled()`` is about the CPU.
+    """
+    if _environment_implementation() == "xla":
+        return False
+    return _ffi.ffi_available(jax.default_backend() if backend is None else backend)
 
 
 def use_ffi(op: str, implementation: str | None, dtype) -> bool:
@@ -31,10 +72,7 @@ def use_ffi(op: str, implementation: str | None, dtype) -> bool:
             f"te_jax.{op}: implementation must be None, 'ffi' or 'xla', got {implementation!r}"
         )
     if implementation is None:
-        env = os.environ.get("TE_JAX_IMPLEMENTATION", "").strip().lower()
-        if env not in ("", "ffi", "xla"):
-            raise ValueError(f"TE_JAX_IMPLEMENTATION must be 'ffi' or 'xla', got {env!r}")
-        implementation = env or None
+        implementation = _environment_implementation()
     if implementation == "xla":
         return False
     kernel_dtype = jnp.dtype(dtype) in _KERNEL_DTYPES
@@ -54,4 +92,18 @@ def use_ffi(op: str, implementation: str | None, dtype) -> bool:
         return True
     # None: the outer primitive lowers to the kernel where one is registered, to the reference
     # elsewhere, so only dtypes the kernels cannot take are routed away here.
+    if not kernel_dtype and jnp.dtype(dtype) == jnp.float64:
+        _warn_float64(op)
     return kernel_dtype
+
+
+def _warn_float64(op: str) -> None:
+    """Says once per call site (Python's default warning filter) that float64 skips the kernels,
+    where kernels would otherwise run."""
+    if not _ffi.ffi_available(jax.default_backend()):
+        return
+    warnings.warn(
+        f"te_jax.{op}: float64 input takes the pure-JAX path (te_jax's kernels take float32, "
+        "bfloat16 and float16) and computes in float64",
+        stacklevel=3,
+    )

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from te_jax import primitives, reference
 from te_jax.activation_types import ActivationParams, ActivationType
-from te_jax.dispatch import use_ffi
+from te_jax.dispatch import check_input_dtype, use_ffi
 from te_jax.primitives.quantized import OpKind, QuantConfig
 from te_jax.quantize import reference as qref
 from te_jax.quantize.quantizers import Quantizer
@@ -90,12 +90,7 @@ def quantize(x: jax.Array, quantizer, implementation: str | None = None) -> Scal
     then the scaled cast) with nothing else in memory. Returns a ``ScaledTensor``; its
     ``dequantize()`` gives back x's dtype.
     """
-    dtype = jnp.result_type(x)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(
-            f"te_jax.quantize: x must be a floating-point array (float32, bfloat16 or float16), "
-            f"got {jnp.dtype(dtype).name}"
-        )
+    check_input_dtype("te_jax.quantize", jnp.result_type(x))
     if jnp.ndim(x) < 1:
         raise ValueError("te_jax.quantize: x must have at least one axis (..., N), got a scalar")
     return quantized_output(

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+from te_jax.dispatch import check_input_dtype
 
 __all__ = [
     "act_lu",
@@ -133,7 +134,8 @@ def _components(act: ActivationType) -> list[_Pair]:
 
 
 def _compute_dtype(dtype) -> jnp.dtype:
-    return jnp.promote_types(dtype, jnp.float32)
+    """float32 for the 16-bit and 32-bit inputs, float64 for float64; other dtypes raise."""
+    return jnp.promote_types(check_input_dtype("te_jax.reference", dtype), jnp.float32)
 
 
 def _resolve(activation_type, act_params) -> tuple[ActivationType, ActivationParams | None]:

@@ -28,9 +28,12 @@ def _trace(y_shape, dtype, quantizer, nf=1):
     return jax.eval_shape(lambda y: reference.quantize(y, quantizer, n_feature_axes=nf), y)
 
 
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_, jnp.uint8, jnp.complex64])
-def test_non_floating_input(dtype):
-    with pytest.raises(TypeError, match=r"te_jax.quantize: the input must be floating point .*got"):
+@pytest.mark.parametrize(
+    "dtype", [jnp.int32, jnp.bool_, jnp.uint8, jnp.complex64, jnp.float8_e4m3fn, jnp.float4_e2m1fn]
+)
+def test_non_input_dtype(dtype):
+    match = r"te_jax.quantize: the input must be float32, bfloat16 or float16 .*got"
+    with pytest.raises(TypeError, match=match):
         _trace((4, 32), dtype, MXFP8Quantizer())
 
 

@@ -20,9 +20,9 @@ Scale shapes (rank kept, unpadded): rowwise ``shape[:-1] + (shape[-1] // block,)
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from te_jax.dispatch import check_input_dtype
 from te_jax.quantize import formats
 from te_jax.quantize.geometry import (
     Geometry,
@@ -152,8 +152,8 @@ def check_quantize_input(
     """Trace-time validation of a quantize input, shared by the reference and the FFI path.
 
     Raises:
-      TypeError: ``quantizer`` is not a te_jax quantizer, or ``dtype`` is not floating point
-        (float64 is accepted here; the FFI path may reject it itself).
+      TypeError: ``quantizer`` is not a te_jax quantizer, or ``dtype`` is not an input dtype
+        (``te_jax.dispatch.check_input_dtype``: float64 is accepted, the FFI path rejects it).
       ValueError: as ``check_geometry``.
     """
     where = _where(op_name)
@@ -163,9 +163,5 @@ def check_quantize_input(
             f"CurrentScaleQuantizer, MXFP8Quantizer or NVFP4Quantizer), got "
             f"{type(quantizer).__name__}"
         )
-    dt = np.dtype(dtype)
-    if not jnp.issubdtype(dt, jnp.floating):
-        raise TypeError(
-            f"{where}: the input must be floating point (float32, bfloat16 or float16), got {dt}"
-        )
+    check_input_dtype(where, dtype, what="the input")
     check_geometry(shape, quantizer.scaling_mode, quantizer.q_layout, n_feature_axes, op_name)

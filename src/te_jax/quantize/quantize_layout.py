@@ -6,12 +6,12 @@ renumbered.
 
 from __future__ import annotations
 
-import enum
+from te_jax._enum import NamedIntEnum
 
 __all__ = ["QuantizeLayout"]
 
 
-class QuantizeLayout(enum.IntEnum):
+class QuantizeLayout(NamedIntEnum):
     """Which quantized copies an op writes (docs/numerics.md §5); the value is the FFI
     ``quantize_layout``.
 

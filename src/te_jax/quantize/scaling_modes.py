@@ -24,7 +24,6 @@ primitive result.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from te_jax._enum import NamedIntEnum
 from te_jax.quantize import formats, ieee, scale_math
 from te_jax.quantize.geometry import Geometry, block_axis, colwise_perm, split_blocks
 
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 
-class ScalingMode(enum.IntEnum):
+class ScalingMode(NamedIntEnum):
     """How a quantized tensor is scaled (docs/numerics.md §4); the value is the FFI
     ``scaling_mode``, so it must not be renumbered.
 
