@@ -272,3 +272,16 @@ def test_grad_sharded(act, rng):
     assert "all-gather" not in text
     assert te_jax_custom_calls(text)
     assert_matches(g, oracle.dact_lu(w, x, act.enum), jnp.float32, act)
+
+
+def test_gate_axis_sharded_is_gathered_and_correct(rng):
+    """The documented exception (README, sharding): a gated x whose act axis (the 2 of
+    (..., 2, H)) is split over a mesh axis is all-gathered on that axis before the kernel, and the
+    result is still right."""
+    mesh = Mesh(DEVICES[:2], ("g",))
+    x = make_x(rng, (8, 2, 32), jnp.float32, SWIGLU, None)
+    f = lambda x: te_jax.act_lu(x, "swiglu", implementation="ffi")  # noqa: E731
+    _, text, y = _compile(f, mesh, (P(None, "g", None),), P(None, None), jnp.asarray(x))
+    assert "all-gather" in text, "the split act axis is gathered before the kernel"
+    assert te_jax_custom_calls(text)
+    assert_matches(y, oracle.act_lu(x, SWIGLU.enum, None), jnp.float32, SWIGLU)
