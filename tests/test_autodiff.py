@@ -24,7 +24,6 @@ from jax.test_util import check_grads
 import te_jax
 from helpers import (
     ACT_BY_ALIAS,
-    ACTS,
     SOME_ACTS,
     Act,
     dz_shape,
@@ -34,20 +33,10 @@ from helpers import (
     tol,
 )
 from te_jax.quantize import CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer
+from test_activation import CASES, CLAMPED, CUSTOM, case_id  # the same cases
 
-CLAMPED = ACT_BY_ALIAS["clamped_swiglu"]
-# Non-default clamped SwiGLU parameters: both clamps inside the input range.
-CUSTOM = te_jax.ActivationParams(
-    clamped_swiglu=te_jax.ClampedSwiGLUParams(limit=0.75, alpha=1.5, glu_linear_offset=0.5)
-)
-CASES = [(a, None) for a in ACTS] + [(CLAMPED, CUSTOM)]
 IMPLS = ["ffi", "xla"]
 FD = dict(eps=1e-3, atol=2e-2, rtol=2e-2)  # see the module docstring
-
-
-def case_id(case) -> str:
-    act, params = case
-    return f"{act}-custom" if params is not None else str(act)
 
 
 def _inputs(rng, act: Act, params, lead=(3,)):
