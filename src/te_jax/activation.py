@@ -11,13 +11,23 @@ Every op takes ``implementation``:
 The environment variable ``TE_JAX_IMPLEMENTATION=xla`` (read at trace time) forces the pure-JAX
 path for every call that does not say ``implementation="ffi"``.
 
+Differentiation (``jax.grad``, ``vjp``, ``jvp``, ``jacfwd``, ``hessian``, any order) works on every
+path and gives the same values (docs/numerics.md §1's derivatives, §7's tolerances):
+
+* ``act_lu`` (and ``activation``): reverse mode runs the forward kernel and the fused
+  ``dact_lu`` kernel (the transpose of the primitive's tangent, ``te_jax.primitives.autodiff``);
+  forward mode evaluates ``f'(x)·ẋ`` in pure JAX. The pure-JAX path is
+  ``te_jax.reference.activation``, a ``custom_jvp`` with the same tangent.
+* ``dact_lu`` / ``quantize_dact_dbias`` (dx and dbias): linear in ``dz``; their derivative in
+  ``x`` (``f''``) is computed in pure JAX on every path.
+* A quantized output (any op with a ``quantizer``, ``te_jax.quantize``) is not differentiable:
+  a nonzero tangent reaching it raises ``TypeError`` at trace time (see ``te_jax.quantized``).
+
 All checks below run at trace time, before any kernel, and raise ``TypeError`` / ``ValueError``
 naming the argument, what was expected and what was received.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -95,7 +105,7 @@ def act_lu(
             "act_lu", OpKind.ACT, (x,), quantizer, act, params, implementation=implementation
         )
     if not use_ffi("act_lu", implementation, jnp.result_type(x)):
-        return reference.act_lu(x, act, params)
+        return reference.activation(x, act, params)  # act_lu with §1's derivatives
     return primitives.bind_act_lu(x, act, params)[0]
 
 
@@ -154,31 +164,18 @@ def dact_lu(
     return primitives.bind_dact_dbias(dz, x, act, params, False)[0]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _activation(x, act, params, implementation):
-    return act_lu(x, act, act_params=params, implementation=implementation)
-
-
-def _activation_fwd(x, act, params, implementation):
-    return _activation(x, act, params, implementation), x
-
-
-def _activation_bwd(act, params, implementation, x, g):
-    return (dact_lu(g, x, act, act_params=params, implementation=implementation),)
-
-
-_activation.defvjp(_activation_fwd, _activation_bwd)
-
-
 def activation(
     x: jax.Array,
     activation_type: ActivationLike = ("gelu",),
     act_params: ActivationParams | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
-    """Differentiable activation: ``act_lu`` forward, ``dact_lu`` backward (``custom_vjp``).
+    """Differentiable activation: ``act_lu`` without a quantizer.
 
-    Works under ``jit``, ``vmap``, ``grad`` (and their compositions) and sharding.
+    Forward is the ``act_lu`` kernel; ``jax.grad`` runs the fused ``dact_lu`` kernel (the
+    transpose of ``act_lu``'s tangent, no ``custom_vjp``), so ``jvp`` / ``jacfwd`` and second
+    order work too (module docstring). Works under ``jit``, ``vmap``, ``grad``, ``checkpoint``
+    (and their compositions) and sharding.
     """
     act, params = _prepare("activation", x, activation_type, act_params)
-    return _activation(x, act, params, implementation)
+    return act_lu(x, act, act_params=params, implementation=implementation)

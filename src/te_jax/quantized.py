@@ -5,12 +5,22 @@ quantizer: it validates at trace time, then either binds the fused kernels
 (``te_jax.primitives.quantized``) or runs the op in pure JAX followed by
 ``te_jax.quantize.reference.quantize`` (``implementation="xla"``); both give the same bits.
 
+**Differentiation.** A quantized output is not differentiable, on either path: a nonzero tangent
+reaching a quantized op's operands (``jax.grad`` / ``jvp`` through ``act_lu(x, quantizer=q)``,
+``quantize``, a quantized ``dact_lu``) raises ``TypeError`` at trace time naming the op. The
+encoding is piecewise constant, so its derivative is zero almost everywhere (the pure-JAX path
+silently gave zeros); what FP8 training wants instead is the unquantized op's derivative with the
+quantization in a ``custom_vjp`` of one's own (straight through), or ``jax.lax.stop_gradient`` on
+the input where no gradient should flow.
+
 This is the public-op layer of quantization, beside ``activation`` (the unquantized ops); it
 sits outside the ``te_jax.quantize`` package because it binds ``te_jax.primitives``, which
 imports ``te_jax.quantize``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +45,22 @@ def _check_quantizer(op: str, quantizer) -> None:
         )
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _not_differentiable(op: str, operands: tuple) -> tuple:
+    """The identity on ``operands``; differentiating through it raises (module docstring)."""
+    return operands
+
+
+@_not_differentiable.defjvp
+def _not_differentiable_jvp(op, primals, tangents):
+    raise TypeError(
+        f"te_jax.{op}: a quantized output (ScaledTensor) is not differentiable. Differentiate the "
+        "unquantized op (te_jax.activation / act_lu, dact_lu, quantize_dact_dbias without a "
+        "quantizer) and quantize inside your own custom_vjp, or apply jax.lax.stop_gradient to "
+        "the input if no gradient should flow through it"
+    )
+
+
 def quantized_output(
     op: str,
     kind: OpKind,
@@ -53,6 +79,7 @@ def quantized_output(
     nf = kind.n_feature_axes(act)
     y_shape = kind.output_shape(act, jnp.shape(x))
     qref.check_quantize_input(y_shape, dtype, quantizer, nf, f"te_jax.{op}")
+    operands = _not_differentiable(op, tuple(operands))
     if not use_ffi(op, implementation, dtype):
         dbias = None
         if kind is OpKind.ACT:

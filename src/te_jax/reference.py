@@ -30,6 +30,7 @@ __all__ = [
     "dact_lu",
     "quantize_dact_dbias",
     "activation",
+    "act_lu_tangent",
     "bias_gelu",
     "bgrad_dgelu",
     "bias_silu",
@@ -204,26 +205,47 @@ def quantize_dact_dbias(
     return dxf.astype(x.dtype), dbias.astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def act_lu_tangent(
+    t: jax.Array, x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None
+) -> jax.Array:
+    """The JVP of ``act_lu`` at ``x`` along ``t`` (linear in ``t``), with §1's derivatives.
+
+    Non-gated: ``ẏ = f'(x)·t``. Gated: ``ẏ = f'(a)·(lin(b)·t_a) + lin'(b)·(f(a)·t_b)``, shape
+    ``(..., H)``. Its transpose is ``dact_lu``; the products are nested so that the transpose
+    multiplies in ``dact_lu``'s order (``(f'(a)·dz)·lin(b)``), giving the same float32 values.
+    """
+    act, params = _resolve(activation_type, act_params)
+    cdt = _compute_dtype(x.dtype)
+    xf, tf = x.astype(cdt), t.astype(cdt)
+    if not act.is_gated:
+        (fn,) = _components(act)
+        return (fn(xf, params)[1] * tf).astype(x.dtype)
+    fn, lin = _components(act)
+    f, df = fn(xf[..., 0, :], params)
+    v, dv = lin(xf[..., 1, :], params)
+    return (df * (v * tf[..., 0, :]) + dv * (f * tf[..., 1, :])).astype(x.dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2))
 def _activation(x, act, params):
     return act_lu(x, act, params)
 
 
-def _activation_fwd(x, act, params):
-    return act_lu(x, act, params), x
-
-
-def _activation_bwd(act, params, x, g):
-    return (dact_lu(g, x, act, params),)
-
-
-_activation.defvjp(_activation_fwd, _activation_bwd)
+@_activation.defjvp
+def _activation_jvp(act, params, primals, tangents):
+    (x,), (t,) = primals, tangents
+    return _activation(x, act, params), act_lu_tangent(t, x, act, params)
 
 
 def activation(
     x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None
 ) -> jax.Array:
-    """Differentiable ``act_lu`` whose gradient is ``dact_lu`` (docs/numerics.md §1 derivatives)."""
+    """Differentiable ``act_lu`` with docs/numerics.md §1's derivatives (``custom_jvp``).
+
+    Its JVP is ``act_lu_tangent``, so ``jax.grad`` gives ``dact_lu`` (the transpose), at the kinks
+    too (``relu'(0) = 0``, inclusive clamp masks) where autodiff of ``act_lu`` would halve;
+    ``jax.jvp`` / ``jacfwd`` and every higher order work.
+    """
     act, params = _resolve(activation_type, act_params)
     return _activation(x, act, params)
 

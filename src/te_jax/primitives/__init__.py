@@ -2,9 +2,10 @@
 
 ``act_lu`` and ``dact_dbias`` are the unquantized families, ``quantized`` (a package) the ops
 with an FP8 / FP4 output; ``base`` is their shared machinery and ``dbias_policy`` the dbias
-reduction's group count.
+reduction's group count, ``autodiff`` the unquantized families' JVP and transpose rules.
 """
 
+from te_jax.primitives import autodiff  # noqa: F401 -- registers the JVP / transpose rules
 from te_jax.primitives.act_lu import bind_act_lu
 from te_jax.primitives.dact_dbias import bind_dact_dbias
 from te_jax.primitives.quantized import OpKind, QuantConfig, bind_quantized

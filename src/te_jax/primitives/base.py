@@ -10,7 +10,8 @@ Every FFI op family is two primitives:
   all-gathered) on platforms with kernels, and through the pure-JAX reference elsewhere.
 
 ``custom_partitioning`` has no batching or AD rule; it therefore sits inside the outer
-primitive's lowering, and ``custom_vjp`` (in ``te_jax.activation``) sits outside everything.
+primitive's lowering, and the AD rules (``te_jax.primitives.autodiff``) are the outer
+primitives' own.
 """
 
 from __future__ import annotations

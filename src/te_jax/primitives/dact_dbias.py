@@ -166,7 +166,8 @@ def _abstract(dz, x, *, act, params, is_dbias, n_batch, output_amax):
     return outs
 
 
-def _reference(dz, x, *, act, params, is_dbias, n_batch, output_amax):
+def reference_results(dz, x, *, act, params, is_dbias, n_batch, output_amax):
+    """The outer primitive's results in pure JAX (its lowering without kernels, and its JVP)."""
     # The leading n_batch axes are vmapped axes, each with its own dbias: vmap the reference.
     fn = functools.partial(
         reference.quantize_dact_dbias, activation_type=act, is_dbias=is_dbias, act_params=params
@@ -184,7 +185,7 @@ base.register_outer_rules(
     dact_dbias_p,
     local=lambda dz, x, **p: _local(dz, x, **p),
     partitioned=lambda dz, x, **p: _partitioned(dz, x, **p),
-    reference=_reference,
+    reference=reference_results,
 )
 
 
