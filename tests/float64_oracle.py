@@ -56,65 +56,105 @@ def sigmoid(x):
 
 
 # --- activation halves: each returns (f(x), f'(x)) in float64 ---------------------------------
+#
+# Non-finite inputs (docs/numerics.md §1): NaN in gives NaN out, value and derivative, for every
+# half; at +-inf each half gives its limit. Finite float32 inputs never overflow a float64
+# intermediate, so only +-inf needs the explicit limits of _with_limits.
 
 
+def _with_limits(x, fd, pos, neg):
+    """``fd = (f, df)`` evaluated on x (inf * 0 ignored), with f, df replaced by ``pos`` at +inf,
+    ``neg`` at -inf, and NaN wherever x is NaN."""
+    x = np.asarray(x, np.float64)
+    out = []
+    for v, p_, n_ in zip(fd, pos, neg, strict=True):
+        v = np.where(x == np.inf, p_, np.where(x == -np.inf, n_, v))
+        out.append(np.where(np.isnan(x), np.nan, v))
+    return tuple(out)
+
+
+def _quiet(fn):
+    def wrapped(x, p=None):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return fn(np.asarray(x, np.float64), p)
+
+    wrapped.__name__ = fn.__name__
+    wrapped.__doc__ = fn.__doc__
+    return wrapped
+
+
+@_quiet
 def gelu(x, p=None):
     inner = GELU_K * (x + GELU_C * x**3)
     t = np.tanh(inner)
     f = 0.5 * x * (1.0 + t)
     df = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_C * x * x)
-    return f, df
+    return _with_limits(x, (f, df), (np.inf, 1.0), (0.0, 0.0))
 
 
+@_quiet
 def gelu_exact(x, p=None):
     cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    return x * cdf, cdf + x * pdf
+    return _with_limits(x, (x * cdf, cdf + x * pdf), (np.inf, 1.0), (0.0, 0.0))
 
 
+@_quiet
 def sigmoid_act(x, p=None):
     s = sigmoid(x)
-    return s, s * (1.0 - s)
+    return _with_limits(x, (s, s * (1.0 - s)), (1.0, 0.0), (0.0, 0.0))
 
 
+@_quiet
 def silu(x, p=None):
     s = sigmoid(x)
-    return x * s, s * (1.0 + x * (1.0 - s))
+    return _with_limits(x, (x * s, s * (1.0 + x * (1.0 - s))), (np.inf, 1.0), (0.0, 0.0))
 
 
+@_quiet
 def quick_gelu(x, p=None):
     s = sigmoid(QGELU_ALPHA * x)
-    return x * s, s + QGELU_ALPHA * x * s * (1.0 - s)
+    fd = (x * s, s + QGELU_ALPHA * x * s * (1.0 - s))
+    return _with_limits(x, fd, (np.inf, 1.0), (0.0, 0.0))
 
 
+@_quiet
 def relu(x, p=None):
     pos = x > 0
-    return np.where(pos, x, 0.0), np.where(pos, 1.0, 0.0)  # f'(0) = 0
+    fd = (np.where(pos, x, 0.0), np.where(pos, 1.0, 0.0))  # f'(0) = 0
+    return _with_limits(x, fd, (np.inf, 1.0), (0.0, 0.0))
 
 
+@_quiet
 def squared_relu(x, p=None):
     pos = x > 0
-    return np.where(pos, x * x, 0.0), np.where(pos, 2.0 * x, 0.0)
+    fd = (np.where(pos, x * x, 0.0), np.where(pos, 2.0 * x, 0.0))
+    return _with_limits(x, fd, (np.inf, np.inf), (0.0, 0.0))
 
 
+@_quiet
 def clamped_silu(a, p=None):
     c = clamped_params(p)
     m = np.minimum(a, c.limit)  # clamped from above only
     s = sigmoid(c.alpha * m)
     f = m * s
     df = np.where(a <= c.limit, s + c.alpha * m * s * (1.0 - s), 0.0)
-    return f, df
+    f_limit = c.limit * sigmoid(c.alpha * c.limit)
+    return _with_limits(a, (f, df), (f_limit, 0.0), (0.0, 0.0))
 
 
+@_quiet
 def identity(b, p=None):
-    return b, np.ones_like(b)
+    return _with_limits(b, (b, np.ones_like(b)), (np.inf, 1.0), (-np.inf, 1.0))
 
 
+@_quiet
 def clamped_linear(b, p=None):
     c = clamped_params(p)
     v = np.clip(b, -c.limit, c.limit) + c.glu_linear_offset
     dv = np.where((b >= -c.limit) & (b <= c.limit), 1.0, 0.0)  # inclusive bounds
-    return v, dv
+    lo, hi = -c.limit + c.glu_linear_offset, c.limit + c.glu_linear_offset
+    return _with_limits(b, (v, dv), (hi, 0.0), (lo, 0.0))
 
 
 # enum value -> (name, activation half, linear half or None when not gated)

@@ -75,3 +75,34 @@ def test_clamped_swiglu_edges():
     np.testing.assert_array_equal(dv, [0, 1, 1, 1, 0])  # inclusive bounds
     # Defaults: limit 7, alpha 1.702, offset 1.
     assert oracle.clamped_params(None) == (7.0, float(np.float32(1.702)), 1.0)
+
+
+def test_non_finite_rules():
+    """docs/numerics.md §1: every half is NaN at NaN (value and derivative) and gives its limit at
+    +-inf."""
+    p = oracle.ClampedParams()
+    x = np.array([np.nan, np.inf, -np.inf])
+    halves = [fn for _, fn, _ in oracle.ACTIVATIONS.values()] + [
+        oracle.identity,
+        oracle.clamped_linear,
+    ]
+    for half in halves:
+        f, df = half(x, p)
+        assert np.isnan(f[0]) and np.isnan(df[0]), half.__name__
+        assert not np.isnan(f[1:]).any() and not np.isnan(df[1:]).any(), half.__name__
+    s7 = 1 / (1 + math.exp(-p.alpha * p.limit))
+    limits = {  # half: (f(+inf), f'(+inf), f(-inf), f'(-inf))
+        oracle.gelu: (np.inf, 1, 0, 0),
+        oracle.gelu_exact: (np.inf, 1, 0, 0),
+        oracle.sigmoid_act: (1, 0, 0, 0),
+        oracle.silu: (np.inf, 1, 0, 0),
+        oracle.quick_gelu: (np.inf, 1, 0, 0),
+        oracle.relu: (np.inf, 1, 0, 0),
+        oracle.squared_relu: (np.inf, np.inf, 0, 0),
+        oracle.clamped_silu: (p.limit * s7, 0, 0, 0),
+        oracle.identity: (np.inf, 1, -np.inf, 1),
+        oracle.clamped_linear: (8, 0, -6, 0),
+    }
+    for half, (fp, dfp, fn_, dfn) in limits.items():
+        f, df = half(x[1:], p)
+        np.testing.assert_allclose([f[0], df[0], f[1], df[1]], [fp, dfp, fn_, dfn], rtol=1e-12)

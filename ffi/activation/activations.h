@@ -77,33 +77,53 @@ struct ActParams {
 
 namespace act {
 
+// Non-finite inputs (docs/numerics.md §1). Every value and derivative below is NaN at x = NaN (the
+// comparisons are written so that NaN takes the arm that returns x or a product of it), and at
+// +-inf and where an intermediate overflows (x^2, x^3, beta*x) they give the limit, not the
+// inf * 0 = NaN of the plain formula. The smooth forms need two selects for that, both compares
+// against 0 (no extra transcendental):
+//   f  = x * w with a weight w in [0, 1] (sigma, Phi): w is exactly 0 where x is far negative, and
+//        only there can x be -inf; times_weight returns -0 (x * 0 for finite x < 0) instead.
+//   f' = w + t * h(x): t (sigma*(1-sigma), or e^(-x^2/2)) is exactly 0 wherever h(x) can be
+//        infinite (|x| beyond ~10, far below where x^2 or beta*x overflow); saturated drops the
+//        term there. NaN fails t == 0 and stays NaN.
+// The selects compile to compare-and-blend: the CPU loops still vectorise (-fno-trapping-math).
+
+// x * w, or -0 where w == 0 (x may be -inf there).
+TE_HD float times_weight(float x, float w) { return w == 0.0f ? -0.0f : x * w; }
+
+// t * h, or 0 where t == 0 (h may be infinite there).
+TE_HD float saturated(float t, float h) { return t == 0.0f ? 0.0f : t * h; }
+
 // GELU, tanh form. 0.5*(1 + tanh(u)) == sigmoid(2u), so f and f' need one exp:
 //   u = k*(x + c*x^3), s = sigmoid(2u)
 //   f  = x*s
 //   f' = s + x * (1 - tanh(u)^2)/2 * du/dx = s + 2*x*s*(1-s) * k*(1 + 3c*x^2)
+// s is never NaN for a non-NaN x (1 + c*x^2 >= 1), and s*(1-s) == 0 for |x| >~ 10.
 struct Gelu {
   TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
     constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
     constexpr float c = 0.044715f;
     const float x2 = x * x;
     const float s = math::sigmoid(2.0f * k * x * (1.0f + c * x2));
-    f = x * s;
-    df = s + 2.0f * x * s * (1.0f - s) * k * (1.0f + 3.0f * c * x2);
+    f = times_weight(x, s);
+    df = s + saturated(s * (1.0f - s), 2.0f * k * x * (1.0f + 3.0f * c * x2));
   }
 };
 
-// GELU, erf form: f = x*Phi(x), f' = Phi(x) + x*phi(x).
+// GELU, erf form: f = x*Phi(x), f' = Phi(x) + x*phi(x). Phi(x) == 0 for x <~ -5.6 and
+// e^(-x^2/2) == 0 for |x| >~ 14.4 (float32).
 struct GeluExact {
   TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
     constexpr float inv_sqrt2 = 0.7071067811865476f;
     constexpr float inv_sqrt_2pi = 0.3989422804014327f;
     const float cdf = 0.5f * (1.0f + math::erf(x * inv_sqrt2));
-    f = x * cdf;
-    df = cdf + x * inv_sqrt_2pi * math::exp(-0.5f * x * x);
+    f = times_weight(x, cdf);
+    df = cdf + saturated(math::exp(-0.5f * x * x), x * inv_sqrt_2pi);
   }
 };
 
-// sigma(x); its derivative sigma*(1-sigma). The activation half of GLU.
+// sigma(x); its derivative sigma*(1-sigma). The activation half of GLU. sigma(+-inf) = 1 / 0.
 struct Sigmoid {
   TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
     const float s = math::sigmoid(x);
@@ -112,12 +132,13 @@ struct Sigmoid {
   }
 };
 
-// x*sigma(beta*x) and its derivative sigma(bx) + bx*sigma(bx)*(1-sigma(bx)).
+// x*sigma(beta*x) and its derivative sigma(bx) + bx*sigma(bx)*(1-sigma(bx)). beta*x may overflow
+// (QuickGELU at |x| > 2e38): sigma saturates long before.
 TE_HD void swish(float x, float beta, float& f, float& df) {
   const float bx = beta * x;
   const float s = math::sigmoid(bx);
-  f = x * s;
-  df = s + bx * s * (1.0f - s);
+  f = times_weight(x, s);
+  df = s + saturated(s * (1.0f - s), bx);
 }
 
 struct Silu {
@@ -130,45 +151,48 @@ struct QuickGelu {
   }
 };
 
+// NaN fails both x <= 0 and x > 0: f = x, f' = x (NaN).
 struct Relu {
   TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
-    f = x > 0.0f ? x : 0.0f;
-    df = x > 0.0f ? 1.0f : 0.0f;  // 0 at x == 0 (docs/numerics.md)
+    f = x <= 0.0f ? 0.0f : x;
+    df = x > 0.0f ? 1.0f : (x <= 0.0f ? 0.0f : x);  // 0 at x == 0 (docs/numerics.md)
   }
 };
 
 struct SquaredRelu {
   TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
-    f = x > 0.0f ? x * x : 0.0f;
-    df = x > 0.0f ? 2.0f * x : 0.0f;
+    f = x <= 0.0f ? 0.0f : x * x;
+    df = x <= 0.0f ? 0.0f : 2.0f * x;
   }
 };
 
 // GPT-OSS activation half: m = min(x, limit), f = m*sigma(alpha*m); f' = 0 above the limit.
+// NaN fails x > limit: m = NaN, f = f' = NaN.
 struct ClampedSilu {
   TE_HD static void eval(float x, const ActParams& p, float& f, float& df) {
     const float limit = p.clamped_swiglu.limit;
-    const float m = x < limit ? x : limit;
+    const float m = x > limit ? limit : x;
     swish(m, p.clamped_swiglu.alpha, f, df);
-    df = x <= limit ? df : 0.0f;
+    df = x > limit ? 0.0f : df;
   }
 };
 
-// Linear halves of the gated forms: value lin(b) and derivative lin'(b).
+// Linear halves of the gated forms: value lin(b) and derivative lin'(b); lin'(NaN) = NaN.
 struct Identity {
   TE_HD static void eval(float b, const ActParams&, float& v, float& dv) {
     v = b;
-    dv = 1.0f;
+    dv = b != b ? b : 1.0f;
   }
 };
 
 // b' = clip(b, -limit, limit) + offset; derivative 1 inside [-limit, limit] (inclusive), else 0.
+// NaN fails every comparison: b' = NaN, and the derivative's select returns b (NaN).
 struct ClampedLinear {
   TE_HD static void eval(float b, const ActParams& p, float& v, float& dv) {
     const float limit = p.clamped_swiglu.limit;
     const float c = b < -limit ? -limit : (b > limit ? limit : b);
     v = c + p.clamped_swiglu.glu_linear_offset;
-    dv = (b >= -limit && b <= limit) ? 1.0f : 0.0f;
+    dv = (b >= -limit && b <= limit) ? 1.0f : (b != b ? b : 0.0f);
   }
 };
 

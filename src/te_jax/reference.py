@@ -51,19 +51,32 @@ _INV_SQRT2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
 
 # ---------------------------------------------------------------------------------------------
-# Each activation once: x -> (f(x), f'(x)).
+# Each activation once: x -> (f(x), f'(x)). Non-finite inputs as activations.h (docs/numerics.md
+# §1): NaN gives NaN, value and derivative; at +-inf and where an intermediate overflows the
+# smooth forms give the limit (the two helpers below), not the plain formula's inf * 0 = NaN.
+
+
+def _times_weight(x, w):
+    """``x * w`` for a weight ``w`` in [0, 1], or -0 where ``w == 0`` (x may be -inf there)."""
+    return jnp.where(w == 0, jnp.asarray(-0.0, x.dtype), x * w)
+
+
+def _saturated(t, h):
+    """``t * h``, or 0 where ``t == 0`` (h may be infinite there); NaN stays NaN."""
+    return jnp.where(t == 0, jnp.zeros_like(t), t * h)
 
 
 def _gelu(x, p):
     # 0.5*(1 + tanh(u)) == sigmoid(2u): one transcendental for value and derivative.
     x2 = x * x
     s = jax.nn.sigmoid(2.0 * _GELU_K * x * (1.0 + _GELU_C * x2))
-    return x * s, s + 2.0 * x * s * (1.0 - s) * _GELU_K * (1.0 + 3.0 * _GELU_C * x2)
+    df = s + _saturated(s * (1.0 - s), 2.0 * _GELU_K * x * (1.0 + 3.0 * _GELU_C * x2))
+    return _times_weight(x, s), df
 
 
 def _gelu_exact(x, p):
     cdf = 0.5 * (1.0 + lax.erf(x * _INV_SQRT2))
-    return x * cdf, cdf + x * _INV_SQRT_2PI * jnp.exp(-0.5 * x * x)
+    return _times_weight(x, cdf), cdf + _saturated(jnp.exp(-0.5 * x * x), x * _INV_SQRT_2PI)
 
 
 def _sigmoid(x, p):
@@ -72,8 +85,9 @@ def _sigmoid(x, p):
 
 
 def _swish(x, beta):
-    s = jax.nn.sigmoid(beta * x)
-    return x * s, s + beta * x * s * (1.0 - s)
+    bx = beta * x
+    s = jax.nn.sigmoid(bx)
+    return _times_weight(x, s), s + _saturated(s * (1.0 - s), bx)
 
 
 def _silu(x, p):
@@ -85,30 +99,40 @@ def _quick_gelu(x, p):
 
 
 def _relu(x, p):
-    pos = x > 0
-    return jnp.where(pos, x, 0.0).astype(x.dtype), jnp.where(pos, 1.0, 0.0).astype(x.dtype)
+    # NaN fails both comparisons and stays NaN, value and derivative.
+    f = jnp.where(x <= 0, jnp.zeros_like(x), x)
+    df = jnp.where(x > 0, jnp.ones_like(x), jnp.where(x <= 0, jnp.zeros_like(x), x))
+    return f, df
 
 
 def _squared_relu(x, p):
-    pos = x > 0
-    return jnp.where(pos, x * x, 0.0).astype(x.dtype), jnp.where(pos, 2.0 * x, 0.0).astype(x.dtype)
+    nonpos = x <= 0
+    return jnp.where(nonpos, 0.0, x * x).astype(x.dtype), jnp.where(nonpos, 0.0, 2.0 * x).astype(
+        x.dtype
+    )
 
 
 def _clamped_silu(x, p):
     c = p.clamped_swiglu
-    f, df = _swish(jnp.minimum(x, c.limit), c.alpha)
-    return f, jnp.where(x <= c.limit, df, 0.0).astype(x.dtype)
+    above = x > c.limit  # False for NaN: m = NaN
+    f, df = _swish(jnp.where(above, jnp.asarray(c.limit, x.dtype), x), c.alpha)
+    return f, jnp.where(above, 0.0, df).astype(x.dtype)
+
+
+def _nan_or(b, v):
+    """``v``, or ``b`` where ``b`` is NaN."""
+    return jnp.where(jnp.isnan(b), b, v)
 
 
 def _identity(b, p):
-    return b, jnp.ones_like(b)
+    return b, _nan_or(b, jnp.ones_like(b))
 
 
 def _clamped_linear(b, p):
     c = p.clamped_swiglu
     inside = (b >= -c.limit) & (b <= c.limit)
-    return jnp.clip(b, -c.limit, c.limit) + c.glu_linear_offset, jnp.where(inside, 1.0, 0.0).astype(
-        b.dtype
+    return jnp.clip(b, -c.limit, c.limit) + c.glu_linear_offset, _nan_or(
+        b, jnp.where(inside, 1.0, 0.0).astype(b.dtype)
     )
 
 
