@@ -85,15 +85,15 @@ namespace act {
 //   f  = x * w with a weight w in [0, 1] (sigma, Phi): w is exactly 0 where x is far negative, and
 //        only there can x be -inf; times_weight returns -0 (x * 0 for finite x < 0) instead.
 //   f' = w + t * h(x): t (sigma*(1-sigma), or e^(-x^2/2)) is exactly 0 wherever h(x) can be
-//        infinite (|x| beyond ~10, far below where x^2 or beta*x overflow); saturated drops the
-//        term there. NaN fails t == 0 and stays NaN.
+//        infinite (|x| beyond ~10, far below where x^2 or beta*x overflow); plus_term drops the
+//        term there (and keeps w + t*h one FMA). NaN fails t == 0 and stays NaN.
 // The selects compile to compare-and-blend: the CPU loops still vectorise (-fno-trapping-math).
 
 // x * w, or -0 where w == 0 (x may be -inf there).
 TE_HD float times_weight(float x, float w) { return w == 0.0f ? -0.0f : x * w; }
 
-// t * h, or 0 where t == 0 (h may be infinite there).
-TE_HD float saturated(float t, float h) { return t == 0.0f ? 0.0f : t * h; }
+// w + t * h, or w where t == 0 (h may be infinite there).
+TE_HD float plus_term(float w, float t, float h) { return t == 0.0f ? w : w + t * h; }
 
 // GELU, tanh form. 0.5*(1 + tanh(u)) == sigmoid(2u), so f and f' need one exp:
 //   u = k*(x + c*x^3), s = sigmoid(2u)
@@ -107,7 +107,7 @@ struct Gelu {
     const float x2 = x * x;
     const float s = math::sigmoid(2.0f * k * x * (1.0f + c * x2));
     f = times_weight(x, s);
-    df = s + saturated(s * (1.0f - s), 2.0f * k * x * (1.0f + 3.0f * c * x2));
+    df = plus_term(s, s * (1.0f - s), 2.0f * k * x * (1.0f + 3.0f * c * x2));
   }
 };
 
@@ -119,7 +119,7 @@ struct GeluExact {
     constexpr float inv_sqrt_2pi = 0.3989422804014327f;
     const float cdf = 0.5f * (1.0f + math::erf(x * inv_sqrt2));
     f = times_weight(x, cdf);
-    df = cdf + saturated(math::exp(-0.5f * x * x), x * inv_sqrt_2pi);
+    df = plus_term(cdf, math::exp(-0.5f * x * x), x * inv_sqrt_2pi);
   }
 };
 
@@ -138,7 +138,7 @@ TE_HD void swish(float x, float beta, float& f, float& df) {
   const float bx = beta * x;
   const float s = math::sigmoid(bx);
   f = times_weight(x, s);
-  df = s + saturated(s * (1.0f - s), bx);
+  df = plus_term(s, s * (1.0f - s), bx);
 }
 
 struct Silu {

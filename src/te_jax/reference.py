@@ -61,22 +61,22 @@ def _times_weight(x, w):
     return jnp.where(w == 0, jnp.asarray(-0.0, x.dtype), x * w)
 
 
-def _saturated(t, h):
-    """``t * h``, or 0 where ``t == 0`` (h may be infinite there); NaN stays NaN."""
-    return jnp.where(t == 0, jnp.zeros_like(t), t * h)
+def _plus_term(w, t, h):
+    """``w + t * h``, or ``w`` where ``t == 0`` (h may be infinite there); NaN stays NaN."""
+    return jnp.where(t == 0, w, w + t * h)
 
 
 def _gelu(x, p):
     # 0.5*(1 + tanh(u)) == sigmoid(2u): one transcendental for value and derivative.
     x2 = x * x
     s = jax.nn.sigmoid(2.0 * _GELU_K * x * (1.0 + _GELU_C * x2))
-    df = s + _saturated(s * (1.0 - s), 2.0 * _GELU_K * x * (1.0 + 3.0 * _GELU_C * x2))
+    df = _plus_term(s, s * (1.0 - s), 2.0 * _GELU_K * x * (1.0 + 3.0 * _GELU_C * x2))
     return _times_weight(x, s), df
 
 
 def _gelu_exact(x, p):
     cdf = 0.5 * (1.0 + lax.erf(x * _INV_SQRT2))
-    return _times_weight(x, cdf), cdf + _saturated(jnp.exp(-0.5 * x * x), x * _INV_SQRT_2PI)
+    return _times_weight(x, cdf), _plus_term(cdf, jnp.exp(-0.5 * x * x), x * _INV_SQRT_2PI)
 
 
 def _sigmoid(x, p):
@@ -87,7 +87,7 @@ def _sigmoid(x, p):
 def _swish(x, beta):
     bx = beta * x
     s = jax.nn.sigmoid(bx)
-    return _times_weight(x, s), s + _saturated(s * (1.0 - s), bx)
+    return _times_weight(x, s), _plus_term(s, s * (1.0 - s), bx)
 
 
 def _silu(x, p):
