@@ -8,11 +8,13 @@ With a quantizer from ``te_jax.quantize`` the outputs are FP8 / MXFP8 / NVFP4 ``
 quantized in the same kernels; ``te_jax.quantize(x, quantizer)`` quantizes on its own.
 """
 
-from te_jax import quantize, reference
+from te_jax import quantize, recipe, reference
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
+from te_jax.dense import dense
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
 from te_jax.dispatch import kernels_enabled
+from te_jax.recipe import QuantizerSet
 
 __version__ = "0.1.0"
 
@@ -21,6 +23,9 @@ __all__ = [
     "dact_lu",
     "quantize_dact_dbias",
     "activation",
+    "dense",
+    "recipe",
+    "QuantizerSet",
     "ActivationType",
     "ActivationParams",
     "ClampedSwiGLUParams",

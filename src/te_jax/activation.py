@@ -29,12 +29,15 @@ naming the argument, what was expected and what was received.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from te_jax import primitives, reference
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import check_input_dtype, use_ffi
+from te_jax.quantize.scaled_tensor import gradient_from_cotangent
 from te_jax.quantized import OpKind, quantized_output
 
 __all__ = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
@@ -169,13 +172,46 @@ def activation(
     activation_type: ActivationLike = ("gelu",),
     act_params: ActivationParams | None = None,
     implementation: str | None = None,
-) -> jax.Array:
-    """Differentiable activation: ``act_lu`` without a quantizer.
+    quantizer=None,
+):
+    """Differentiable activation: ``act_lu``, optionally quantized for the next FP8 GEMM.
 
-    Forward is the ``act_lu`` kernel; ``jax.grad`` runs the fused ``dact_lu`` kernel (the
-    transpose of ``act_lu``'s tangent, no ``custom_vjp``), so ``jvp`` / ``jacfwd`` and second
-    order work too (module docstring). Works under ``jit``, ``vmap``, ``grad``, ``checkpoint``
-    (and their compositions) and sharding.
+    Without a quantizer: forward is the ``act_lu`` kernel; ``jax.grad`` runs the fused
+    ``dact_lu`` kernel (the transpose of ``act_lu``'s tangent, no ``custom_vjp``), so ``jvp`` /
+    ``jacfwd`` and second order work too (module docstring). Works under ``jit``, ``vmap``,
+    ``grad``, ``checkpoint`` (and their compositions) and sharding.
+
+    With a ``quantizer``: returns the ``ScaledTensor`` that ``act_lu(x, quantizer=quantizer)``
+    gives (activation and quantization in one pass), for ``te_jax.dense`` to consume with no
+    further quantize pass. It is differentiable in reverse mode (a ``custom_vjp``): the gradient
+    arriving for the ScaledTensor is that of its dequantized value (``dense`` sends it, see
+    ``te_jax.quantize.scaled_tensor``), and the backward is the fused ``dact_lu`` kernel on it
+    (straight through the quantization). The cotangent of ``quantizer`` is the quantizer's next
+    state (``quantizer.update(amax)`` for delayed scaling), the convention of ``te_jax.recipe``.
+    Use a rowwise layout (``ROWWISE_COLWISE`` where ``dense`` is differentiated).
     """
     act, params = _prepare("activation", x, activation_type, act_params)
-    return act_lu(x, act, act_params=params, implementation=implementation)
+    if quantizer is None:
+        return act_lu(x, act, act_params=params, implementation=implementation)
+    return _quantized_activation(x, quantizer, act, params, implementation)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _quantized_activation(x, quantizer, act, params, implementation):
+    return act_lu(x, act, quantizer, params, implementation)
+
+
+def _quantized_activation_fwd(x, quantizer, act, params, implementation):
+    st = act_lu(x, act, quantizer, params, implementation)
+    amax = st.amax if hasattr(quantizer, "update") else None
+    return st, (x, quantizer, amax)
+
+
+def _quantized_activation_bwd(act, params, implementation, res, ct):
+    x, quantizer, amax = res
+    g = gradient_from_cotangent(ct, x.dtype)
+    dx = dact_lu(g, x, act, act_params=params, implementation=implementation)
+    return dx, (quantizer if amax is None else quantizer.update(amax))
+
+
+_quantized_activation.defvjp(_quantized_activation_fwd, _quantized_activation_bwd)

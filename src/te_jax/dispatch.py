@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from te_jax import _ffi
 
-__all__ = ["use_ffi", "check_input_dtype", "kernels_enabled"]
+__all__ = ["use_ffi", "check_input_dtype", "kernels_enabled", "environment_implementation"]
 
 _KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _INPUT_DTYPES = _KERNEL_DTYPES + (jnp.dtype(jnp.float64),)
@@ -44,7 +44,8 @@ def check_input_dtype(where: str, dtype, what: str = "x") -> jnp.dtype:
     return dt
 
 
-def _environment_implementation() -> str | None:
+def environment_implementation() -> str | None:
+    """``TE_JAX_IMPLEMENTATION`` (``"ffi"``, ``"xla"``) or ``None`` when unset."""
     env = os.environ.get("TE_JAX_IMPLEMENTATION", "").strip().lower()
     if env not in ("", "ffi", "xla"):
         raise ValueError(f"TE_JAX_IMPLEMENTATION must be 'ffi' or 'xla', got {env!r}")
@@ -60,7 +61,7 @@ def kernels_enabled(backend: str | None = None) -> bool:
     ``ffi_available``, which only says the targets are registered, this answers for a backend
     JAX can use: on a machine without a GPU, ``kernels_enabled()`` is about the CPU.
     """
-    if _environment_implementation() == "xla":
+    if environment_implementation() == "xla":
         return False
     return _ffi.ffi_available(jax.default_backend() if backend is None else backend)
 
@@ -72,7 +73,7 @@ def use_ffi(op: str, implementation: str | None, dtype) -> bool:
             f"te_jax.{op}: implementation must be None, 'ffi' or 'xla', got {implementation!r}"
         )
     if implementation is None:
-        implementation = _environment_implementation()
+        implementation = environment_implementation()
     if implementation == "xla":
         return False
     kernel_dtype = jnp.dtype(dtype) in _KERNEL_DTYPES

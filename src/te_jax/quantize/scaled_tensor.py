@@ -35,7 +35,7 @@ from te_jax.quantize import formats
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.scaling_modes import ScalingMode
 
-__all__ = ["ScaledTensor"]
+__all__ = ["ScaledTensor", "cotangent_from_gradient", "gradient_from_cotangent"]
 
 _LEAVES = ("data", "scale_inv", "colwise_data", "colwise_scale_inv", "amax", "global_scale_inv")
 _STATIC = ("scaling_mode", "q_layout", "dq_dtype", "n_feature_axes")
@@ -122,22 +122,31 @@ class ScaledTensor:
 
     # --- dequantize ---------------------------------------------------------------------------
 
-    def dequantize(self) -> jax.Array:
+    def dequantize(self, copy: str | None = None, dtype=None) -> jax.Array:
         """The tensor in ``dq_dtype`` with the logical shape: ``data · scale_inv`` (NVFP4:
         ``q · block_scale · global_scale_inv``), float32 arithmetic rounded once to
         ``dq_dtype``.
 
         Uses the rowwise data when present, the colwise copy otherwise (transposed back for
-        tensor scaling). Under ``vmap`` for a batched tensor.
+        tensor scaling); ``copy="rowwise"`` or ``"colwise"`` picks one (for block scaling the
+        two copies hold different blocks, so they dequantize to slightly different values).
+        ``dtype`` overrides ``dq_dtype`` (e.g. float32, where the product is exact). Under
+        ``vmap`` for a batched tensor.
         """
-        colwise = self.data is None
+        if copy not in (None, "rowwise", "colwise"):
+            raise ValueError(f"ScaledTensor.dequantize: copy must be None, 'rowwise' or "
+                             f"'colwise', got {copy!r}")
+        colwise = self.data is None if copy is None else copy == "colwise"
+        if (self.colwise_data if colwise else self.data) is None:
+            raise ValueError(f"ScaledTensor.dequantize: this tensor ({self.q_layout.name}) has "
+                             f"no {'colwise' if colwise else 'rowwise'} copy")
         q = self.colwise_data if colwise else self.data
         s = self.colwise_scale_inv if colwise else self.scale_inv
         v = formats.to_float32(q)  # not astype: see formats.to_float32
         v = self.scaling_mode.impl.dequantize(
             v, s, self.global_scale_inv, colwise, self.n_feature_axes
         )
-        return v.astype(self.dq_dtype)
+        return v.astype(self.dq_dtype if dtype is None else dtype)
 
 
 def _flatten(t: ScaledTensor):
@@ -163,3 +172,29 @@ def _unflatten(aux, children) -> ScaledTensor:
 jax.tree_util.register_pytree_with_keys(
     ScaledTensor, _flatten_with_keys, _unflatten, flatten_func=_flatten
 )
+
+
+# ---- differentiation: the cotangent of a ScaledTensor ------------------------------------------
+# A ScaledTensor stands for its dequantized value. An op that consumes one inside a custom_vjp
+# (te_jax.dense) returns, as its cotangent, a ScaledTensor-shaped pytree whose `data` leaf holds
+# dL/d(dequantized value) in dq_dtype (JAX lets a custom_vjp cotangent of a float8 leaf have
+# another float dtype of the same shape) and whose other leaves are zeros. The op that produced
+# it (te_jax.activation with a quantizer) reads the gradient back from `data`.
+
+
+def cotangent_from_gradient(t: ScaledTensor, g: jax.Array) -> ScaledTensor:
+    """The cotangent of ``t`` carrying ``g = dL/d t.dequantize()`` (``t``'s logical shape)."""
+    if t.data is None:
+        raise ValueError(
+            "ScaledTensor: a colwise-only tensor cannot carry a gradient (quantize it with a "
+            "rowwise layout where it is differentiated)"
+        )
+    ct = jax.tree.map(lambda a: jax.numpy.zeros(a.shape, a.dtype), t)
+    object.__setattr__(ct, "data", g.astype(t.dq_dtype).reshape(t.data.shape))
+    return ct
+
+
+def gradient_from_cotangent(ct: ScaledTensor, dtype) -> jax.Array:
+    """``dL/d(dequantized value)`` read back from a ScaledTensor cotangent, in ``dtype``."""
+    g = ct.data
+    return jax.numpy.asarray(g).astype(dtype)

@@ -1,0 +1,479 @@
+"""``te_jax.dense``: GEMM + bias + activation as one differentiable op (docs/numerics.md §8).
+
+``x (..., K) · kernel (K, *F) + bias (*F) -> act -> y``. With a gated activation the kernel is
+``(K, 2, N)``, so the GEMM already writes docs/numerics.md §1's ``(..., 2, N)`` layout and the
+activation reads it in place: ``y (..., N)``. The leading axes of x are batch / sequence axes,
+folded into the GEMM's rows ``M``.
+
+**Where each part runs.**
+
+| path                           | GEMM                                  | activation                |
+|--------------------------------|---------------------------------------|---------------------------|
+| CUDA kernels (``implementation`` None / ``"ffi"``) | te_jax's cuBLASLt handler | GELU (tanh), ReLU: the GEMM's epilogue; others: ``act_lu`` |
+| CPU, ``implementation="xla"``  | ``lax.dot_general``, float32 accumulation | ``act_lu`` (te_jax's CPU kernel, or pure JAX for ``"xla"``) |
+
+Backward: ``dh = dact(dy, h)`` and ``dbias`` from one fused ``quantize_dact_dbias`` (quantized
+to the grad quantizer's FP8 in the same pass under a recipe), then the dgrad GEMM
+``dx = dh · kernelᵀ`` and the wgrad GEMM ``dkernel = xᵀ · dh`` (leading axes folded).
+
+**FP8** (``quantizer_set`` from a ``te_jax.recipe``): x and the kernel are quantized (E4M3) by
+te_jax's quantize kernels into rowwise and colwise (transposed) copies; the forward GEMM takes
+x's rowwise and the kernel's colwise copy, dgrad the gradient's and the kernel's rowwise copies,
+wgrad x's and the gradient's colwise copies, so no transpose pass sits in front of any FP8 GEMM.
+The scales go to cuBLASLt as device pointers and are applied to the float32 accumulator once,
+before the bias and the epilogue. On the CPU and with ``implementation="xla"`` the same
+quantized operands are dequantized exactly and multiplied in float32: the same product, so the
+CPU path is an oracle for the GPU's. Where a dimension cuBLASLt's FP8 GEMM cannot take (the
+contracting one, or the output's columns, not a multiple of 16) meets the CUDA path, that GEMM
+runs on the exactly dequantized operands in float32 instead (same math, no FP8 tensor cores).
+MXFP8 on Hopper: the quantized storage is real, the GEMMs run on the dequantized operands in the
+input dtype (exact: an MXFP8 value is an E4M3/E5M2 number times a power of two).
+
+**Delayed scaling's state** comes back as the cotangent of ``quantizer_set`` (the updated set;
+see ``te_jax.recipe``).
+
+**A quantized x** (a ``ScaledTensor``, e.g. from ``te_jax.activation(h, act, quantizer=q)``) is
+used as it is: no second quantize pass. It must have the recipe's scaling mode, a rowwise copy,
+and (where ``dense`` is differentiated) the colwise copy wgrad reads. Its cotangent is the
+gradient of its dequantized value (``te_jax.quantize.scaled_tensor``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from te_jax import _ffi
+from te_jax.activation import act_lu, quantize_dact_dbias
+from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+from te_jax.dispatch import check_input_dtype, environment_implementation
+from te_jax.primitives.gemm import GemmEpilogue, bind_gemm
+from te_jax.quantize import formats
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scaled_tensor import ScaledTensor, cotangent_from_gradient
+from te_jax.quantized import quantize
+from te_jax.recipe import QuantizerSet
+
+__all__ = ["dense"]
+
+# cuBLASLt's FP8 GEMM needs the contracting dimension and the output's columns to be multiples
+# of 16 (16-byte aligned leading dimensions).
+FP8_GEMM_ALIGNMENT = 16
+
+_ROW = QuantizeLayout.ROWWISE
+_COL = QuantizeLayout.COLWISE
+_BOTH = QuantizeLayout.ROWWISE_COLWISE
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Everything static about one dense call."""
+
+    act: ActivationType | None
+    params: ActivationParams | None
+    has_bias: bool
+    contract: tuple[int, ...]  # the contracting shape (trailing of x, leading of the kernel)
+    features: tuple[int, ...]  # the kernel's non-contracting shape: (N...) or (2, N)
+    dtype: np.dtype  # the compute dtype: x's
+    implementation: str | None
+    kernel_gemm: bool  # the GEMMs run on te_jax's CUDA handler
+
+    @property
+    def out_features(self) -> tuple[int, ...]:
+        return self.act.output_shape(self.features) if self.act else self.features
+
+
+# ---- public ---------------------------------------------------------------------------------
+
+
+def dense(
+    x,
+    kernel: jax.Array,
+    bias: jax.Array | None = None,
+    activation_type: ActivationLike | None = None,
+    quantizer_set: QuantizerSet | None = None,
+    act_params: ActivationParams | None = None,
+    contracting_dims: tuple[Sequence[int], Sequence[int]] = ((-1,), (0,)),
+    implementation: str | None = None,
+):
+    """Dense layer: ``y = act(x · kernel + bias)``, one differentiable op.
+
+    ``h = x · kernel + bias`` accumulates in float32 and is rounded once to x's dtype; then
+    ``y = act(h)`` (docs/numerics.md §1, §8). ``jax.grad`` gives ``dx``, ``dkernel``, ``dbias``
+    (and, under a delayed-scaling recipe, the updated ``quantizer_set``).
+
+    Args:
+      x: ``(..., K)`` float32 / bfloat16 / float16 (the compute dtype), or a ``ScaledTensor``
+        (already quantized for this GEMM, see the module docstring).
+      kernel: ``(K, *F)``; for a gated activation ``(K, 2, N)``. Cast to x's dtype.
+      bias: ``None`` or ``F``-shaped (``(N,)``, ``(2, N)`` for gated). Cast to x's dtype.
+      activation_type: ``None`` (a plain GEMM), any te_jax activation (``("gelu",)``, ``"relu"``)
+        or gated pair (``("silu", "linear")``).
+      quantizer_set: ``None`` / an empty set (no quantization) or
+        ``te_jax.QuantizerSet.create(recipe)``.
+      act_params: ``ActivationParams`` for clamped SwiGLU.
+      contracting_dims: ``(x_axes, kernel_axes)``; x's must be its trailing axes and the
+        kernel's its leading ones, in the same order (the default: last of x, first of kernel).
+      implementation: ``None`` (te_jax's kernels where there are some), ``"ffi"`` or ``"xla"``.
+
+    Returns:
+      ``y``: ``(..., *F)`` (gated: ``(..., N)``) in x's dtype.
+    """
+    cfg, kernel, bias, quantizer_set = _prepare(
+        x, kernel, bias, activation_type, quantizer_set, act_params, contracting_dims,
+        implementation,
+    )
+    return _dense(x, kernel, bias, quantizer_set, cfg)
+
+
+def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims, impl):
+    where = "te_jax.dense"
+    if impl not in (None, "ffi", "xla"):
+        raise ValueError(f"{where}: implementation must be None, 'ffi' or 'xla', got {impl!r}")
+    quantized_x = isinstance(x, ScaledTensor)
+    x_shape = tuple(x.shape) if quantized_x else tuple(jnp.shape(x))
+    dtype = x.dq_dtype if quantized_x else check_input_dtype(where, jnp.result_type(x))
+    k_dtype = jnp.result_type(kernel)
+    if not jnp.issubdtype(k_dtype, jnp.floating):
+        raise TypeError(f"{where}: kernel must be a float array, got {jnp.dtype(k_dtype).name}")
+    act = None if activation_type is None else ActivationType.parse(activation_type)
+    params = None if act is None else ActivationParams.resolve(act, act_params)
+
+    n_c = _check_contracting(where, contracting_dims, len(x_shape), jnp.ndim(kernel))
+    k_shape = tuple(jnp.shape(kernel))
+    if x_shape[len(x_shape) - n_c:] != k_shape[:n_c]:
+        raise ValueError(
+            f"{where}: x's contracting axes {x_shape[len(x_shape) - n_c:]} (x shape {x_shape}) "
+            f"must equal the kernel's {k_shape[:n_c]} (kernel shape {k_shape})"
+        )
+    features = k_shape[n_c:]
+    if act is not None and act.is_gated and (len(features) != 2 or features[0] != 2):
+        raise ValueError(
+            f"{where}: {act.name.lower()} is gated: the kernel must be (K, 2, N) (activation "
+            f"columns at index 0 of axis -2, linear at 1), got kernel shape {k_shape}"
+        )
+    if act is not None and not features:
+        raise ValueError(f"{where}: the kernel has no output axis (shape {k_shape})")
+    if bias is not None:
+        if not jnp.issubdtype(jnp.result_type(bias), jnp.floating):
+            raise TypeError(
+                f"{where}: bias must be a float array, got {jnp.dtype(jnp.result_type(bias)).name}"
+            )
+        if tuple(jnp.shape(bias)) != features:
+            raise ValueError(
+                f"{where}: bias must have the kernel's output shape {features}, got "
+                f"{tuple(jnp.shape(bias))}"
+            )
+        bias = jnp.asarray(bias).astype(dtype)
+    kernel = jnp.asarray(kernel).astype(dtype)
+
+    if qs is not None and not isinstance(qs, QuantizerSet):
+        raise TypeError(
+            f"{where}: quantizer_set must be a te_jax.QuantizerSet (QuantizerSet.create(recipe)) "
+            f"or None, got {type(qs).__name__}"
+        )
+    if qs is not None and qs.is_empty:
+        qs = None
+    if qs is not None:
+        mode = qs.scaling_mode
+        if not (mode.is_tensor_scaling or mode.name == "MXFP8_1D_SCALING"):
+            raise ValueError(
+                f"{where}: {mode.name} GEMMs are not supported (recipes: DelayedScaling, "
+                "CurrentScaling, MXFP8BlockScaling)"
+            )
+    if quantized_x:
+        _check_quantized_x(where, x, qs, n_c, contracting_dims)
+    if dtype == jnp.float64 and qs is not None:
+        raise TypeError(f"{where}: FP8 recipes take float32/bfloat16/float16 x, got float64")
+
+    kernel_gemm = _gemm_on_kernel(where, impl, dtype)
+    cfg = _Config(act, params, bias is not None, k_shape[:n_c], features, np.dtype(dtype), impl, kernel_gemm)
+    return cfg, kernel, bias, qs
+
+
+def _check_contracting(where, contracting_dims, x_ndim, k_ndim) -> int:
+    try:
+        cx, ck = (tuple(int(a) for a in axes) for axes in contracting_dims)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{where}: contracting_dims must be (x_axes, kernel_axes), e.g. ((-1,), (0,)), got "
+            f"{contracting_dims!r}"
+        ) from None
+    n = len(cx)
+    if n == 0 or len(ck) != n:
+        raise ValueError(
+            f"{where}: contracting_dims must name the same number (>= 1) of x and kernel axes, "
+            f"got {contracting_dims!r}"
+        )
+    if x_ndim < n or k_ndim < n:
+        raise ValueError(
+            f"{where}: x (rank {x_ndim}) and kernel (rank {k_ndim}) need at least {n} axes for "
+            f"contracting_dims {contracting_dims!r}"
+        )
+    want_x = tuple(range(x_ndim - n, x_ndim))
+    want_k = tuple(range(n))
+    if tuple(a % x_ndim for a in cx) != want_x or tuple(a % k_ndim for a in ck) != want_k:
+        raise ValueError(
+            f"{where}: contracting_dims must be x's trailing axes and the kernel's leading axes "
+            f"in order, here ({want_x}, {want_k}); got {contracting_dims!r} (move the axes with "
+            "jnp.moveaxis first)"
+        )
+    return n
+
+
+def _check_quantized_x(where, x: ScaledTensor, qs, n_c, contracting_dims):
+    if qs is None:
+        raise ValueError(
+            f"{where}: x is a ScaledTensor ({x.scaling_mode.name}) but no quantizer_set was "
+            "given: pass the recipe's QuantizerSet (its kernel and grad quantizers are used)"
+        )
+    if x.scaling_mode != qs.scaling_mode:
+        raise ValueError(
+            f"{where}: x is quantized with {x.scaling_mode.name} but the quantizer_set is "
+            f"{qs.scaling_mode.name}"
+        )
+    if x.data is None:
+        raise ValueError(f"{where}: x (a ScaledTensor) needs its rowwise copy, got {x.q_layout.name}")
+    if n_c != 1:
+        raise ValueError(f"{where}: a quantized x contracts over its last axis only")
+
+
+def _gemm_on_kernel(where: str, impl: str | None, dtype) -> bool:
+    """Whether the GEMMs run on te_jax's CUDA handler (the CUDA backend with te_jax_gemm
+    registered); ``implementation="ffi"`` elsewhere is an error."""
+    if impl is None:
+        impl = environment_implementation()
+    if impl == "xla" or jnp.dtype(dtype) == jnp.float64:
+        return False
+    available = jax.default_backend() == "gpu" and _ffi.ffi_available("cuda")
+    if impl == "ffi" and not available:
+        raise RuntimeError(
+            f"{where}: implementation='ffi' but te_jax's GEMM kernel runs on CUDA only (backend "
+            f"{jax.default_backend()!r}); use implementation=None or 'xla'"
+        )
+    return available
+
+
+# ---- the custom_vjp -------------------------------------------------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _dense(x, kernel, bias, qs, cfg: _Config):
+    return _forward(x, kernel, bias, qs, cfg, residuals=False)[0]
+
+
+def _dense_fwd(x, kernel, bias, qs, cfg):
+    return _forward(x, kernel, bias, qs, cfg, residuals=True)
+
+
+def _dense_bwd(cfg, res, dy):
+    return _backward(cfg, res, dy)
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+@dataclasses.dataclass
+class _Operands:
+    """The 2-D GEMM views: ``M`` rows, ``K`` contracting, ``F`` output columns."""
+
+    m: int
+    k: int
+    f: int
+    lead: tuple[int, ...]  # x's leading axes (folded into m)
+    contract: tuple[int, ...]  # the contracting axes (folded into k)
+
+
+def _shapes(lead: tuple[int, ...], cfg: _Config) -> _Operands:
+    c = cfg.contract
+    return _Operands(math.prod(lead), math.prod(c), math.prod(cfg.features), lead, c)
+
+
+def _epilogue(cfg: _Config) -> GemmEpilogue:
+    """The activation the GEMM's epilogue applies (te_jax's CUDA handler only: elsewhere the
+    activation is act_lu on the rounded h, docs/numerics.md §8's exact order)."""
+    if cfg.kernel_gemm and cfg.act is ActivationType.GELU:
+        return GemmEpilogue.GELU_AUX
+    if cfg.kernel_gemm and cfg.act is ActivationType.RELU:
+        return GemmEpilogue.RELU
+    return GemmEpilogue.DEFAULT
+
+
+def _activate(h2, cfg: _Config, ep: GemmEpilogue, gemm_out, aux):
+    """``y`` from the GEMM's results, and the array the backward's dact reads (h; for ReLU the
+    output y, whose sign is h's: relu'(h) = [y > 0])."""
+    if ep is GemmEpilogue.GELU_AUX:
+        return gemm_out, aux
+    if ep is GemmEpilogue.RELU:
+        return gemm_out, gemm_out
+    if cfg.act is None:
+        return h2, None
+    h = h2.reshape((h2.shape[0],) + cfg.features)
+    y = act_lu(h, cfg.act, act_params=cfg.params, implementation=cfg.implementation)
+    return y.reshape(h2.shape[0], -1), h2
+
+
+def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
+    ops = _shapes(tuple(x.shape)[: len(x.shape) - len(cfg.contract)], cfg)
+    k2 = kernel.reshape(ops.k, ops.f)
+    b1 = None if bias is None else bias.reshape(ops.f)
+    ep = _epilogue(cfg)
+    if qs is None:
+        x2 = x.reshape(ops.m, ops.k)
+        r = bind_gemm(x2, k2, b1, epilogue=ep, implementation=_gemm_impl(cfg))
+        y, act_in = _activate(r.out, cfg, ep, r.out, r.aux)
+        res = (x2, k2, act_in, None, None, qs) if residuals else None
+        return _unflatten_y(y, ops, cfg), res
+
+    qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, ops, cfg, residuals)
+    r = _quantized_gemm(qx, "rowwise", qk, "colwise", b1, ep, cfg.dtype, cfg, ops.m, ops.k, ops.f)
+    y, act_in = _activate(r.out, cfg, ep, r.out, r.aux)
+    if not residuals:
+        return _unflatten_y(y, ops, cfg), None
+    new_qs = QuantizerSet(x=new_x, kernel=new_k, grad=qs.grad)
+    return _unflatten_y(y, ops, cfg), (qx, qk, act_in, x if isinstance(x, ScaledTensor) else None,
+                                      new_qs, qs)
+
+
+def _unflatten_y(y, ops: _Operands, cfg: _Config):
+    return y.reshape(ops.lead + cfg.out_features)
+
+
+def _gemm_impl(cfg: _Config) -> str:
+    return "ffi" if cfg.kernel_gemm else "xla"
+
+
+def _quantize_operands(x, k2, qs: QuantizerSet, ops: _Operands, cfg: _Config, residuals: bool):
+    """x's and the kernel's quantized copies (the forward GEMM reads x rowwise and the kernel
+    colwise; the backward's GEMMs the other copies), and their quantizers' next states."""
+    impl = cfg.implementation
+    if isinstance(x, ScaledTensor):
+        if residuals and x.colwise_data is None:
+            raise ValueError(
+                "te_jax.dense: differentiating with a quantized x needs its colwise copy (wgrad "
+                "reads it): quantize it with q_layout ROWWISE_COLWISE"
+            )
+        qx, new_x = x, qs.x
+    else:
+        qx = quantize(x.reshape(ops.m, ops.k), qs.with_layout("x", _BOTH if residuals else _ROW),
+                      implementation=impl)
+        new_x = _updated(qs.x, qx)
+    qk = quantize(k2, qs.with_layout("kernel", _BOTH if residuals else _COL), implementation=impl)
+    return qx, qk, new_x, _updated(qs.kernel, qk)
+
+
+def _updated(q, st: ScaledTensor):
+    """The quantizer's state for the next step (delayed scaling; the others have none)."""
+    return q.update(st.amax) if hasattr(q, "update") else q
+
+
+def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n,
+                    grad_bias=False):
+    """``out (m, n) = deq(a) (m, k) · deq(b)ᵀ``-style product of two quantized tensors, where
+    ``a``'s ``a_copy`` holds the lhs as ``(m, k)`` and ``b``'s ``b_copy`` holds the rhs as
+    ``(n, k)`` (the FP8 "TN" form): tensor scaling on the FP8 GEMM, MXFP8 on the dequantized
+    operands (module docstring)."""
+    if a.scaling_mode.is_tensor_scaling:
+        lhs, ls = _tn_operand(a, a_copy, m, k)
+        rhs, rs = _tn_operand(b, b_copy, n, k)
+        if cfg.kernel_gemm and (k % FP8_GEMM_ALIGNMENT or n % FP8_GEMM_ALIGNMENT):
+            # cuBLASLt's FP8 GEMM cannot take this shape: the same product in float32.
+            lhs = formats.to_float32(lhs) * ls[0]
+            rhs = formats.to_float32(rhs) * rs[0]
+            r = bind_gemm(lhs, rhs, None if bias is None else bias.astype(jnp.float32),
+                          rhs_trans=True, epilogue=ep, implementation="ffi")
+            return r._replace(out=r.out.astype(out_dtype),
+                              aux=None if r.aux is None else r.aux.astype(out_dtype))
+        return bind_gemm(lhs, rhs, bias, lhs_scale_inv=ls, rhs_scale_inv=rs, rhs_trans=True,
+                         epilogue=ep, out_dtype=out_dtype, implementation=_gemm_impl(cfg))
+    # MXFP8: dequantize each copy (exact in the input dtype) and multiply in it.
+    lhs, lhs_t = _mx_operand(a, a_copy, m, k, out_dtype)
+    rhs, rhs_t = _mx_operand(b, b_copy, n, k, out_dtype)
+    return bind_gemm(lhs, rhs, bias, lhs_trans=lhs_t, rhs_trans=not rhs_t, epilogue=ep,
+                     implementation=_gemm_impl(cfg))
+
+
+def _tn_operand(st: ScaledTensor, copy: str, rows: int, k: int):
+    """A tensor-scaled operand stored ``(rows, k)``: the rowwise copy of a ``(rows, k)`` tensor
+    or the colwise (transposed) copy of a ``(k, rows)`` one."""
+    data = st.data if copy == "rowwise" else st.colwise_data
+    sinv = st.scale_inv if copy == "rowwise" else st.colwise_scale_inv
+    return data.reshape(rows, k), jnp.asarray(sinv, jnp.float32).reshape(1)
+
+
+def _mx_operand(st: ScaledTensor, copy: str, rows: int, k: int, dtype):
+    """An MXFP8 operand in ``dtype``: the rowwise copy of a ``(rows, k)`` tensor, or the colwise
+    copy (blocks along k) of a ``(k, rows)`` one, in its logical layout; and whether that layout
+    is ``(k, rows)`` (the GEMM then reads it transposed, no transpose pass)."""
+    v = st.dequantize(copy, dtype)
+    if copy == "rowwise":
+        return v.reshape(rows, k), False
+    return v.reshape(k, rows), True
+
+
+def _backward(cfg: _Config, res, dy):
+    a_res, b_res, act_in, quantized_x, new_qs, qs = res
+    ops = _shapes(tuple(dy.shape)[: dy.ndim - len(cfg.out_features)], cfg)
+    dy2 = dy.reshape(ops.m, -1)
+    if qs is None:
+        x2, k2 = a_res, b_res
+        dh, dbias = _dact(dy2, act_in, cfg, ops, quantizer=None)
+        dx = bind_gemm(dh, k2, rhs_trans=True, implementation=_gemm_impl(cfg)).out
+        dk = bind_gemm(x2, dh, lhs_trans=True, implementation=_gemm_impl(cfg)).out
+        return dx.reshape(_x_shape(ops, cfg)), dk.reshape(_k_shape(ops, cfg)), \
+            _bias_ct(dbias, cfg), None
+    qx, qk = a_res, b_res
+    grad_q = qs.with_layout("grad", _BOTH)
+    dh_q, dbias = _dact(dy2, act_in, cfg, ops, quantizer=grad_q)
+    new_qs = QuantizerSet(x=new_qs.x, kernel=new_qs.kernel, grad=_updated(qs.grad, dh_q))
+    z = GemmEpilogue.DEFAULT
+    dx = _quantized_gemm(dh_q, "rowwise", qk, "rowwise", None, z, cfg.dtype, cfg,
+                         ops.m, ops.f, ops.k).out
+    dk = _quantized_gemm(qx, "colwise", dh_q, "colwise", None, z, cfg.dtype, cfg,
+                         ops.k, ops.m, ops.f).out
+    dk = dk.reshape(_k_shape(ops, cfg))
+    if quantized_x is not None:
+        x_ct = cotangent_from_gradient(quantized_x, dx)
+    else:
+        x_ct = dx.reshape(_x_shape(ops, cfg))
+    return x_ct, dk, _bias_ct(dbias, cfg), new_qs
+
+
+def _x_shape(ops: _Operands, cfg: _Config):
+    return ops.lead + ops.contract
+
+
+def _k_shape(ops: _Operands, cfg: _Config):
+    return ops.contract + cfg.features
+
+
+def _bias_ct(dbias, cfg: _Config):
+    return None if not cfg.has_bias else dbias.reshape(cfg.features)
+
+
+def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
+    """``dh (M, F)`` (a ScaledTensor with ``quantizer``) and ``dbias (F,)`` or None, from one
+    fused ``quantize_dact_dbias`` where there is an activation."""
+    impl = cfg.implementation
+    if cfg.act is None:
+        dbias = None
+        if cfg.has_bias:
+            dbias = jnp.sum(dy2.astype(jnp.float32), axis=0).astype(cfg.dtype)
+        if quantizer is None:
+            return dy2, dbias
+        return quantize(dy2, quantizer, implementation=impl), dbias
+    # act_in is h, or for the ReLU epilogue y, whose sign is h's: relu'(y) == relu'(h).
+    x_act = act_in.reshape((ops.m,) + (cfg.out_features if _epilogue(cfg) is GemmEpilogue.RELU
+                                       else cfg.features))
+    dh, dbias = quantize_dact_dbias(dy2, x_act, cfg.act, is_dbias=cfg.has_bias,
+                                    quantizer=quantizer, act_params=cfg.params,
+                                    implementation=impl)
+    if quantizer is None:
+        dh = dh.reshape(ops.m, ops.f)
+    return dh, dbias

@@ -1,0 +1,259 @@
+"""FP8 recipes, and the ``QuantizerSet`` of one GEMM built from them.
+
+A recipe says how the three tensors of a dense layer are quantized for its GEMMs: the input
+``x``, the ``kernel`` and the gradient ``dh`` that flows back into the layer
+(docs/numerics.md §4, §8):
+
+| recipe               | scaling mode            | x, kernel | grad (``"HYBRID"``) | grad (``"E4M3"``) |
+|----------------------|-------------------------|-----------|---------------------|-------------------|
+| ``DelayedScaling``   | DELAYED_TENSOR_SCALING  | E4M3      | E5M2                | E4M3              |
+| ``CurrentScaling``   | CURRENT_TENSOR_SCALING  | E4M3      | E5M2                | E4M3              |
+| ``MXFP8BlockScaling``| MXFP8_1D_SCALING        | E4M3      | E5M2                | E4M3              |
+
+``QuantizerSet.create(recipe)`` makes the three quantizers; ``QuantizerSet.create(None)`` is the
+empty set (no quantization, the GEMMs run in the input dtype).
+
+**Delayed scaling's state** (each quantizer's ``scale`` and ``amax_history``) is functional and
+comes back through the gradient: ``te_jax.dense`` is a ``custom_vjp`` whose cotangent for its
+``quantizer_set`` argument is the *updated* set (x's and kernel's quantizers updated with the
+amaxes the forward measured, grad's with the amax the backward measured, docs/numerics.md §4).
+So a training step differentiates with respect to the quantizer sets too and takes that
+"gradient" as the next state, never as something to descend along::
+
+    (loss, (grads, new_qs)) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, qs)
+    params = optimizer_update(params, grads)
+    qs = new_qs                        # not qs - lr * new_qs
+
+This is the convention of Flax's ``fp8_ops`` and of TransformerEngine's JAX side: the grad
+quantizer's amax is only known in the backward, and the cotangent is the one value a
+``custom_vjp`` backward can hand back. Each ``QuantizerSet`` must feed exactly one dense call per
+step (a set used twice would receive the sum of two states). Quantizer sets of the stateless
+recipes have no leaves, so their "gradient" is empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from te_jax.quantize import formats
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.quantizers import (
+    AMAX_COMPUTE_ALGOS,
+    CurrentScaleQuantizer,
+    DelayedScaleQuantizer,
+    MXFP8Quantizer,
+    Quantizer,
+)
+
+__all__ = [
+    "FP8_FORMATS",
+    "Recipe",
+    "DelayedScaling",
+    "CurrentScaling",
+    "MXFP8BlockScaling",
+    "QuantizerSet",
+]
+
+# fp8_format -> (dtype of x and kernel, dtype of the gradient).
+FP8_FORMATS = {
+    "HYBRID": (formats.E4M3, formats.E5M2),
+    "E4M3": (formats.E4M3, formats.E4M3),
+}
+
+
+def _check_format(recipe: str, fp8_format) -> str:
+    name = fp8_format.upper() if isinstance(fp8_format, str) else fp8_format
+    if name not in FP8_FORMATS:
+        raise ValueError(
+            f"te_jax.recipe.{recipe}: fp8_format must be one of "
+            + ", ".join(repr(f) for f in FP8_FORMATS)
+            + f", got {fp8_format!r}"
+        )
+    return name
+
+
+class Recipe:
+    """Base class of the recipes: ``fp8_format`` and the quantizers it makes."""
+
+    fp8_format: str
+
+    @property
+    def forward_dtype(self):
+        """The FP8 dtype of x and the kernel (E4M3)."""
+        return FP8_FORMATS[self.fp8_format][0]
+
+    @property
+    def grad_dtype(self):
+        """The FP8 dtype of the gradient: E5M2 for ``"HYBRID"``, E4M3 for ``"E4M3"``."""
+        return FP8_FORMATS[self.fp8_format][1]
+
+    def make_quantizer(self, role: str) -> Quantizer:
+        """A fresh quantizer for ``role`` (``"x"``, ``"kernel"`` or ``"grad"``)."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class DelayedScaling(Recipe):
+    """Delayed tensor scaling (docs/numerics.md §4): each tensor is quantized with a scale taken
+    from the amaxes of previous steps, ``scale = (Q / max(amax_history)) / 2^margin``.
+
+    Args:
+      fp8_format: ``"HYBRID"`` (E4M3 forward, E5M2 gradient; the default) or ``"E4M3"``.
+      amax_history_len: the length ``L`` of each quantizer's amax history.
+      margin: the ``2^-margin`` headroom of the scale.
+      amax_compute_algo: ``"max"`` (the history's maximum) or ``"most_recent"``.
+    """
+
+    fp8_format: str = "HYBRID"
+    amax_history_len: int = 1024
+    margin: int = 0
+    amax_compute_algo: str = "max"
+
+    def __post_init__(self):
+        object.__setattr__(self, "fp8_format", _check_format("DelayedScaling", self.fp8_format))
+        if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+            raise ValueError(
+                "te_jax.recipe.DelayedScaling: amax_compute_algo must be one of "
+                + ", ".join(repr(a) for a in AMAX_COMPUTE_ALGOS)
+                + f", got {self.amax_compute_algo!r}"
+            )
+
+    def make_quantizer(self, role: str) -> Quantizer:
+        dtype = self.grad_dtype if role == "grad" else self.forward_dtype
+        return DelayedScaleQuantizer.create(
+            dtype,
+            amax_history_len=self.amax_history_len,
+            margin=self.margin,
+            amax_compute_algo=self.amax_compute_algo,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CurrentScaling(Recipe):
+    """Current tensor scaling (docs/numerics.md §4): each tensor is quantized with
+    ``scale = Q / max|tensor|`` of the tensor itself (two passes over it; no state).
+
+    Args:
+      fp8_format: ``"HYBRID"`` (the default) or ``"E4M3"``.
+    """
+
+    fp8_format: str = "HYBRID"
+
+    def __post_init__(self):
+        object.__setattr__(self, "fp8_format", _check_format("CurrentScaling", self.fp8_format))
+
+    def make_quantizer(self, role: str) -> Quantizer:
+        dtype = self.grad_dtype if role == "grad" else self.forward_dtype
+        return CurrentScaleQuantizer(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFP8BlockScaling(Recipe):
+    """MXFP8 block scaling (docs/numerics.md §4): an E8M0 power-of-two scale per 32 elements
+    along the contracting dimension of each GEMM.
+
+    On Hopper the quantized storage is real (the same bits as on Blackwell) but cuBLASLt has no
+    MXFP8 GEMM there: te_jax dequantizes the operands and runs the GEMM in the input dtype. The
+    contracting dimensions (K forward, N for dgrad, the rows M for wgrad) must be multiples of 32.
+
+    Args:
+      fp8_format: ``"E4M3"`` (the default: E4M3 throughout, as in TransformerEngine) or
+        ``"HYBRID"`` (E5M2 gradient).
+    """
+
+    fp8_format: str = "E4M3"
+
+    def __post_init__(self):
+        object.__setattr__(
+            self, "fp8_format", _check_format("MXFP8BlockScaling", self.fp8_format)
+        )
+
+    def make_quantizer(self, role: str) -> Quantizer:
+        dtype = self.grad_dtype if role == "grad" else self.forward_dtype
+        return MXFP8Quantizer(dtype)
+
+
+_ROLES = ("x", "kernel", "grad")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class QuantizerSet:
+    """The quantizers of one GEMM: ``x`` (its input), ``kernel`` and ``grad`` (the gradient of
+    its output in the backward). All ``None`` for an unquantized GEMM.
+
+    A pytree whose children are the three quantizers (delayed scaling's ``scale`` and
+    ``amax_history`` are its leaves), so it passes through ``jit``, ``vmap``, ``lax.scan``
+    (stack one per layer) and ``custom_vjp``. The layout each tensor needs (rowwise for the
+    forward GEMM, colwise for the backward ones) is chosen by ``te_jax.dense``; the quantizers'
+    own ``q_layout`` is not used.
+    """
+
+    x: Any = None
+    kernel: Any = None
+    grad: Any = None
+
+    def __post_init__(self):
+        given = [getattr(self, r) is not None for r in _ROLES]
+        if any(given) and not all(given):
+            raise ValueError(
+                "te_jax.QuantizerSet: give all three quantizers (x, kernel, grad) or none; got "
+                + ", ".join(f"{r}={type(getattr(self, r)).__name__}" for r in _ROLES)
+            )
+        for r in _ROLES:
+            q = getattr(self, r)
+            if q is not None and not isinstance(q, Quantizer):
+                raise TypeError(
+                    f"te_jax.QuantizerSet: {r} must be a te_jax.quantize quantizer, got "
+                    f"{type(q).__name__}"
+                )
+
+    @classmethod
+    def create(cls, recipe: Recipe | None = None) -> QuantizerSet:
+        """The quantizers ``recipe`` prescribes (fresh state for delayed scaling), or the empty
+        set for ``recipe=None``."""
+        if recipe is None:
+            return cls()
+        if not isinstance(recipe, Recipe):
+            raise TypeError(
+                "te_jax.QuantizerSet.create: recipe must be te_jax.recipe.DelayedScaling, "
+                f"CurrentScaling, MXFP8BlockScaling or None, got {type(recipe).__name__}"
+            )
+        return cls(**{r: recipe.make_quantizer(r) for r in _ROLES})
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing is quantized."""
+        return self.x is None
+
+    @property
+    def scaling_mode(self):
+        """The scaling mode of the set's quantizers (``None`` for the empty set)."""
+        return None if self.x is None else self.x.scaling_mode
+
+    def with_layout(self, role: str, layout: QuantizeLayout) -> Quantizer:
+        """The quantizer of ``role`` with ``q_layout`` replaced by ``layout`` (same state)."""
+        return dataclasses.replace(getattr(self, role), q_layout=layout)
+
+
+def _flatten_with_keys(qs: QuantizerSet):
+    return tuple((jax.tree_util.GetAttrKey(r), getattr(qs, r)) for r in _ROLES), None
+
+
+def _flatten(qs: QuantizerSet):
+    return tuple(getattr(qs, r) for r in _ROLES), None
+
+
+def _unflatten(aux, children) -> QuantizerSet:
+    # Bypasses __post_init__: JAX puts placeholders (None, batching specs) in the slots.
+    qs = object.__new__(QuantizerSet)
+    for r, c in zip(_ROLES, children, strict=True):
+        object.__setattr__(qs, r, c)
+    return qs
+
+
+jax.tree_util.register_pytree_with_keys(
+    QuantizerSet, _flatten_with_keys, _unflatten, flatten_func=_flatten
+)
