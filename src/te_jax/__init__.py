@@ -11,8 +11,8 @@ quantized in the same kernels; ``te_jax.quantize(x, quantizer)`` quantizes on it
 from te_jax import quantize, recipe, reference
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
-from te_jax.dense import dense
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
+from te_jax.dense import dense
 from te_jax.dispatch import kernels_enabled
 from te_jax.recipe import QuantizerSet
 

@@ -7,10 +7,11 @@ folded into the GEMM's rows ``M``.
 
 **Where each part runs.**
 
-| path                           | GEMM                                  | activation                |
-|--------------------------------|---------------------------------------|---------------------------|
-| CUDA kernels (``implementation`` None / ``"ffi"``) | te_jax's cuBLASLt handler | GELU (tanh), ReLU: the GEMM's epilogue; others: ``act_lu`` |
-| CPU, ``implementation="xla"``  | ``lax.dot_general``, float32 accumulation | ``act_lu`` (te_jax's CPU kernel, or pure JAX for ``"xla"``) |
+* CUDA (``implementation`` None or ``"ffi"`` on a GPU): te_jax's cuBLASLt handler runs the
+  GEMMs; GELU (tanh) and ReLU run in the forward GEMM's epilogue, on its float32 accumulator;
+  the other activations are ``act_lu`` on h (one more pass).
+* CPU, and ``implementation="xla"`` anywhere: ``lax.dot_general`` with float32 accumulation,
+  then ``act_lu`` on the rounded h (te_jax's CPU kernel; pure JAX for ``"xla"``).
 
 Backward: ``dh = dact(dy, h)`` and ``dbias`` from one fused ``quantize_dact_dbias`` (quantized
 to the grad quantizer's FP8 in the same pass under a recipe), then the dgrad GEMM
@@ -193,7 +194,10 @@ def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims,
         raise TypeError(f"{where}: FP8 recipes take float32/bfloat16/float16 x, got float64")
 
     kernel_gemm = _gemm_on_kernel(where, impl, dtype)
-    cfg = _Config(act, params, bias is not None, k_shape[:n_c], features, np.dtype(dtype), impl, kernel_gemm)
+    cfg = _Config(
+        act, params, bias is not None, k_shape[:n_c], features, np.dtype(dtype), impl,
+        kernel_gemm,
+    )
     return cfg, kernel, bias, qs
 
 
@@ -239,7 +243,9 @@ def _check_quantized_x(where, x: ScaledTensor, qs, n_c, contracting_dims):
             f"{qs.scaling_mode.name}"
         )
     if x.data is None:
-        raise ValueError(f"{where}: x (a ScaledTensor) needs its rowwise copy, got {x.q_layout.name}")
+        raise ValueError(
+            f"{where}: x (a ScaledTensor) needs its rowwise copy, got {x.q_layout.name}"
+        )
     if n_c != 1:
         raise ValueError(f"{where}: a quantized x contracts over its last axis only")
 

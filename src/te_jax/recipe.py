@@ -4,11 +4,11 @@ A recipe says how the three tensors of a dense layer are quantized for its GEMMs
 ``x``, the ``kernel`` and the gradient ``dh`` that flows back into the layer
 (docs/numerics.md §4, §8):
 
-| recipe               | scaling mode            | x, kernel | grad (``"HYBRID"``) | grad (``"E4M3"``) |
-|----------------------|-------------------------|-----------|---------------------|-------------------|
-| ``DelayedScaling``   | DELAYED_TENSOR_SCALING  | E4M3      | E5M2                | E4M3              |
-| ``CurrentScaling``   | CURRENT_TENSOR_SCALING  | E4M3      | E5M2                | E4M3              |
-| ``MXFP8BlockScaling``| MXFP8_1D_SCALING        | E4M3      | E5M2                | E4M3              |
+| recipe                | scaling mode           | x, kernel | grad: "HYBRID" | grad: "E4M3" |
+|-----------------------|------------------------|-----------|----------------|--------------|
+| ``DelayedScaling``    | DELAYED_TENSOR_SCALING | E4M3      | E5M2           | E4M3         |
+| ``CurrentScaling``    | CURRENT_TENSOR_SCALING | E4M3      | E5M2           | E4M3         |
+| ``MXFP8BlockScaling`` | MXFP8_1D_SCALING       | E4M3      | E5M2           | E4M3         |
 
 ``QuantizerSet.create(recipe)`` makes the three quantizers; ``QuantizerSet.create(None)`` is the
 empty set (no quantization, the GEMMs run in the input dtype).
