@@ -134,7 +134,7 @@ def test_te_jax_ops_are_captured_in_command_buffers(tmp_path):
     dump_on, on = _run_chain(tmp_path, "on", "")
     dump_off, off = _run_chain(tmp_path, "off", "--xla_gpu_enable_command_buffer=")
 
-    assert len(on) == len(off) == 4
+    assert len(on) == len(off) == 5
     for i, (a, b) in enumerate(zip(on, off, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"output {i} differs with command buffers")
 

@@ -3,8 +3,8 @@
     python tests/scripts/command_buffer_chain.py OUT.npz
 
 runs it once (XLA_FLAGS, set by the caller, choose dumps and command buffers) and saves the
-outputs. Only elementwise jnp ops sit between the te_jax kernels, so the result does not depend
-on autotuning or reduction order: with command buffers on or off it must be the same bits.
+outputs. Only elementwise jnp ops sit between the te_jax kernels (te_jax's GEMM picks its cuBLASLt
+algorithm once per problem), so the result does not depend on autotuning or reduction order: with command buffers on or off it must be the same bits.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import te_jax
 
 
 @jax.jit
-def mlp_chain(x, dz):  # x (N, 2, H), dz (N, H)
+def mlp_chain(x, dz, w, b):  # x (N, 2, H), dz (N, H), w (H, H), b (H,)
     h = x * 1.5 + 0.25
     y = te_jax.act_lu(h, activation_type="swiglu", implementation="ffi")
     y = jnp.tanh(y) * 0.5 + y
@@ -30,7 +30,8 @@ def mlp_chain(x, dz):  # x (N, 2, H), dz (N, H)
     )
     dx = dx * 2.0 + 1.0
     dy = te_jax.dact_lu(jnp.sin(z2), y, activation_type="gelu", implementation="ffi")
-    return z2, dx, dbias, jnp.exp(-jnp.abs(dy))
+    d = te_jax.dense(z2, w, b, "gelu", implementation="ffi")  # te_jax_gemm, GELU epilogue
+    return z2, dx, dbias, jnp.exp(-jnp.abs(dy)), d * 0.5
 
 
 def main(out_path: str) -> None:
@@ -38,7 +39,9 @@ def main(out_path: str) -> None:
     rng = np.random.default_rng(1234)
     x = jnp.asarray(rng.uniform(-3, 3, (256, 2, 384)), jnp.bfloat16)
     dz = jnp.asarray(rng.uniform(-2, 2, (256, 384)), jnp.bfloat16)
-    outs = [mlp_chain(x, dz) for _ in range(3)]  # replays of the captured graph too
+    w = jnp.asarray(rng.uniform(-0.1, 0.1, (384, 384)), jnp.bfloat16)
+    b = jnp.asarray(rng.uniform(-1, 1, (384,)), jnp.bfloat16)
+    outs = [mlp_chain(x, dz, w, b) for _ in range(3)]  # replays of the captured graph too
     first = [np.asarray(a) for a in outs[0]]
     for again in outs[1:]:
         for a, b in zip(first, again, strict=True):
