@@ -3,8 +3,9 @@
     python tests/scripts/command_buffer_chain.py OUT.npz
 
 runs it once (XLA_FLAGS, set by the caller, choose dumps and command buffers) and saves the
-outputs. Only elementwise jnp ops sit between the te_jax kernels (te_jax's GEMM picks its cuBLASLt
-algorithm once per problem), so the result does not depend on autotuning or reduction order: with command buffers on or off it must be the same bits.
+outputs. Only elementwise jnp ops sit between the te_jax kernels (te_jax's GEMM picks its
+cuBLASLt algorithm once per problem), so the result does not depend on autotuning or reduction
+order: with command buffers on or off it must be the same bits.
 """
 
 from __future__ import annotations
