@@ -301,23 +301,24 @@ def _shapes(lead: tuple[int, ...], cfg: _Config) -> _Operands:
     return _Operands(math.prod(lead), math.prod(c), math.prod(cfg.features), lead, c)
 
 
-def _epilogue(cfg: _Config) -> GemmEpilogue:
+def _epilogue(cfg: _Config, residuals: bool = True) -> GemmEpilogue:
     """The activation the GEMM's epilogue applies (te_jax's CUDA handler only: elsewhere the
-    activation is act_lu on the rounded h, docs/numerics.md §8's exact order)."""
+    activation is act_lu on the rounded h, docs/numerics.md §8's exact order). GELU writes h
+    beside y only where a backward will read it."""
     if cfg.kernel_gemm and cfg.act is ActivationType.GELU:
-        return GemmEpilogue.GELU_AUX
+        return GemmEpilogue.GELU_AUX if residuals else GemmEpilogue.GELU
     if cfg.kernel_gemm and cfg.act is ActivationType.RELU:
         return GemmEpilogue.RELU
     return GemmEpilogue.DEFAULT
 
 
-def _activate(h2, cfg: _Config, ep: GemmEpilogue, gemm_out, aux):
-    """``y`` from the GEMM's results, and the array the backward's dact reads (h; for ReLU the
-    output y, whose sign is h's: relu'(h) = [y > 0])."""
-    if ep is GemmEpilogue.GELU_AUX:
-        return gemm_out, aux
+def _activate(h2, cfg: _Config, ep: GemmEpilogue, aux):
+    """``y`` from the GEMM's output (h, or y where the epilogue applied the activation), and the
+    array the backward's dact reads: h, or for ReLU y, whose sign is h's (relu'(h) = [y > 0])."""
+    if ep in (GemmEpilogue.GELU_AUX, GemmEpilogue.GELU):
+        return h2, aux
     if ep is GemmEpilogue.RELU:
-        return gemm_out, gemm_out
+        return h2, h2
     if cfg.act is None:
         return h2, None
     h = h2.reshape((h2.shape[0],) + cfg.features)
@@ -329,17 +330,17 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
     ops = _shapes(tuple(x.shape)[: len(x.shape) - len(cfg.contract)], cfg)
     k2 = kernel.reshape(ops.k, ops.f)
     b1 = None if bias is None else bias.reshape(ops.f)
-    ep = _epilogue(cfg)
+    ep = _epilogue(cfg, residuals)
     if qs is None:
         x2 = x.reshape(ops.m, ops.k)
         r = bind_gemm(x2, k2, b1, epilogue=ep, implementation=_gemm_impl(cfg))
-        y, act_in = _activate(r.out, cfg, ep, r.out, r.aux)
+        y, act_in = _activate(r.out, cfg, ep, r.aux)
         res = (x2, k2, act_in, None, None, qs) if residuals else None
         return _unflatten_y(y, ops, cfg), res
 
     qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, ops, cfg, residuals)
     r = _quantized_gemm(qx, "rowwise", qk, "colwise", b1, ep, cfg.dtype, cfg, ops.m, ops.k, ops.f)
-    y, act_in = _activate(r.out, cfg, ep, r.out, r.aux)
+    y, act_in = _activate(r.out, cfg, ep, r.aux)
     if not residuals:
         return _unflatten_y(y, ops, cfg), None
     new_qs = QuantizerSet(x=new_x, kernel=new_k, grad=qs.grad)
