@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from te_jax import _ffi
+from te_jax import _ffi, reference
 from te_jax.activation import act_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import check_input_dtype, environment_implementation
@@ -130,7 +130,21 @@ def dense(
         x, kernel, bias, activation_type, quantizer_set, act_params, contracting_dims,
         implementation,
     )
+    if cfg.dtype == np.float64:
+        return _dense_float64(x, kernel, bias, cfg)
     return _dense(x, kernel, bias, quantizer_set, cfg)
+
+
+def _dense_float64(x, kernel, bias, cfg: _Config):
+    """float64 (with ``jax_enable_x64``): the pure-JAX path in float64, differentiated by JAX."""
+    n = len(cfg.contract)
+    h = jax.lax.dot_general(
+        x, kernel, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())),
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    if bias is not None:
+        h = h + bias
+    return h if cfg.act is None else reference.activation(h, cfg.act, cfg.params)
 
 
 def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims, impl):
