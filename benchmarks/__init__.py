@@ -2,5 +2,6 @@
 
 ``python -m benchmarks.activations --help`` times every activation op against its XLA-native
 equivalent on the current JAX backend (see ``benchmarks/activations.py`` and DESIGN.md,
-"Performance method").
+"Performance method"); ``python -m benchmarks.dense --help`` times ``te_jax.dense`` (GEMM +
+bias + GELU, bf16 and FP8) against XLA's GEMMs (``benchmarks/README.md``).
 """

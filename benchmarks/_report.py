@@ -50,7 +50,8 @@ def fmt_bytes(n: float) -> str:
 
 
 def _where(r: dict) -> str:
-    return f"{r['op']} {r['activation']} {r['dtype']}"
+    """A row's name in check details (a row may carry its own, ``where``)."""
+    return r.get("where") or f"{r['op']} {r['activation']} {r['dtype']}"
 
 
 def _within_spread(r: dict) -> bool:
@@ -366,8 +367,8 @@ def summary(result: dict) -> str:
 # Plot.
 
 
-def plot(result: dict, path: str) -> str | None:
-    """Fraction of copy bandwidth per activation (te_jax vs XLA), one panel per op x dtype."""
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend, or None (with a note) when it is not installed."""
     try:
         import matplotlib
 
@@ -375,6 +376,14 @@ def plot(result: dict, path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("--plot: matplotlib is not installed (pip install matplotlib); skipping the plot")
+        return None
+    return plt
+
+
+def plot(result: dict, path: str) -> str | None:
+    """Fraction of copy bandwidth per activation (te_jax vs XLA), one panel per op x dtype."""
+    plt = pyplot()
+    if plt is None:
         return None
     sec = _section(result, "large") or result["sections"][0]
     rows = [r for r in sec["rows"] if r["baseline"] == "xla"]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything te_jax needs checked on a GPU machine, in stages, logs under $OUT:
 #   bash tools/gpu_check.sh build test sanitize bench
+#   bash tools/gpu_check.sh build dbench
 # build     pip install (CUDA forced on) against the machine's own jaxlib; skipped if this machine
 #           already has a te_jax with the CUDA extension from this tree
 # test      the full pytest suite (the same files CI runs on the CPU); PYTEST_ARGS picks a part
@@ -12,6 +13,9 @@
 #           built, then quant_test --bench of each, interleaved, $AB_ROUNDS rounds (default 2)
 # bench     the activation benchmark table (benchmarks/activations.py), Markdown + JSON under $OUT
 # qbench    the quantization benchmark table (benchmarks/quantize.py), Markdown + JSON under $OUT
+# dbench    the dense (GEMM + bias + GELU, bf16 and FP8) benchmark (benchmarks/dense.py), Markdown
+#           + JSON under $OUT/bench, log in $OUT/dbench.log; ~2 min on an H100 (stops starting new
+#           work after 210 s); DBENCH_ARGS adds options (e.g. "--rows gelu")
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
 # stages write one log each (the sanitizer summaries are folded into sanitize.log).
 set -u
@@ -89,6 +93,11 @@ for stage in "$@"; do
       stamp "quantization benchmarks"
       python3 -m benchmarks.quantize --out "$OUT/bench" ${QBENCH_ARGS:-} >"$OUT/qbench.log" 2>&1 || status=1
       tail -n 40 "$OUT/qbench.log"
+      ;;
+    dbench)
+      stamp "dense benchmarks"
+      python3 -m benchmarks.dense --out "$OUT/bench" ${DBENCH_ARGS:-} >"$OUT/dbench.log" 2>&1 || status=1
+      tail -n 60 "$OUT/dbench.log"
       ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
