@@ -322,7 +322,8 @@ def _activate(h2, cfg: _Config, ep: GemmEpilogue, gemm_out, aux):
         return h2, None
     h = h2.reshape((h2.shape[0],) + cfg.features)
     y = act_lu(h, cfg.act, act_params=cfg.params, implementation=cfg.implementation)
-    return y.reshape(h2.shape[0], -1), h2
+    # Explicit sizes, not -1: reshape cannot infer a -1 beside a 0 (an empty batch, M = 0).
+    return y.reshape(h2.shape[0], math.prod(cfg.out_features)), h2
 
 
 def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
@@ -426,7 +427,7 @@ def _mx_operand(st: ScaledTensor, copy: str, rows: int, k: int, dtype):
 def _backward(cfg: _Config, res, dy):
     a_res, b_res, act_in, quantized_x, new_qs, qs = res
     ops = _shapes(tuple(dy.shape)[: dy.ndim - len(cfg.out_features)], cfg)
-    dy2 = dy.reshape(ops.m, -1)
+    dy2 = dy.reshape(ops.m, math.prod(cfg.out_features))
     if qs is None:
         x2, k2 = a_res, b_res
         dh, dbias = _dact(dy2, act_in, cfg, ops, quantizer=None)
