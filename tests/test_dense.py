@@ -64,6 +64,18 @@ def make_operands(rng, x_shape, n, dtype, act: Act | None, bias=True, params=Non
     return cast(x), cast(w), cast(b), dy
 
 
+def spread_magnitudes(rng, a, lo=-16):
+    """``a`` (``(..., n)``, viewed as 2-D) with each row and each column scaled by its own power
+    of two in ``[2^lo, 1]``: MXFP8's rowwise blocks (along rows) and colwise blocks (down
+    columns) then get different scales, and values far below their block's amax (E4M3
+    subnormals in one copy, not the other) make the two copies differ."""
+    a2 = a.reshape(-1, a.shape[-1]).astype(np.float64)
+    rows = np.exp2(rng.integers(lo, 1, size=(a2.shape[0], 1)))
+    cols = np.exp2(rng.integers(lo, 1, size=(1, a2.shape[1])))
+    rows[0], cols[0, 0] = 1.0, 1.0  # keep the tensor's largest values
+    return (a2 * rows * cols).reshape(a.shape).astype(a.dtype)
+
+
 def names(act: Act | None):
     return None if act is None else act.names
 
@@ -586,10 +598,15 @@ def test_fp8_is_the_product_of_the_dequantized_operands(name, act, dtype, rng):
     quantizers, dense's y, dx and dkernel equal the float64 products of the dequantized operands
     (forward: x rowwise · kernel colwise; dgrad: grad rowwise · kernel rowwise; wgrad: x colwise
     · grad colwise) within K·2^-23·Σ|a||b| plus one ulp of the output. With ReLU, dh = dy·[h > 0]
-    is exact too. Current scaling's scale is Q / max|x| of the tensor itself."""
+    is exact too. Current scaling's scale is Q / max|x| of the tensor itself. The operands'
+    magnitudes spread over 2^16 so that MXFP8's rowwise and colwise copies differ (using one for
+    the other fails)."""
     recipe = EXACT_RECIPES[name]
     qs = _primed(recipe)
-    x, w, b, dy = make_operands(rng, (2, 16, 32), 32, dtype, act)
+    x, w, b, dy = (
+        a if a is None else spread_magnitudes(rng, a)
+        for a in make_operands(rng, (2, 16, 32), 32, dtype, act)
+    )
     x2, dy2 = x.reshape(32, 32), dy.reshape(32, 32)
     quant = lambda a, role: quantize_xla(jnp.asarray(a), qs.with_layout(role, BOTH))  # noqa: E731
     qx, qk = quant(x2, "x"), quant(w, "kernel")
