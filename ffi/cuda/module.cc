@@ -2,10 +2,14 @@
 // each with its initialize and execute handlers (see backend.h), for
 // jax.ffi.register_ffi_target(name, stages, platform="CUDA").
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include "activation/cuda/run.h"
 #include "activation/targets.h"
 #include "common/handler.h"
+#include "gemm/cuda/cublaslt.h"
+#include "gemm/cuda/run.h"
+#include "gemm/targets.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -42,8 +46,11 @@ NB_MODULE(_te_jax_cuda, m) {
       []() {
         nb::dict d;
         add_targets<te_jax::cuda::ActivationBackend>(d, te_jax::activation::Targets{});
+        add_targets<te_jax::cuda::GemmBackend>(d, te_jax::gemm::Targets{});
         return d;
       },
       "{target name: {'initialize': capsule, 'execute': capsule}} for "
       "jax.ffi.register_ffi_target(name, stages, platform='CUDA').");
+  m.def("set_cublaslt_path", &te_jax::gemm::set_cublaslt_path, nb::arg("path"),
+        "Where te_jax_gemm loads libcublasLt from if jax's CUDA plugin has not loaded it.");
 }
