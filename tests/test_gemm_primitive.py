@@ -2,7 +2,7 @@
 takes (the te_jax_gemm kernel on CUDA, the pure-JAX lowering elsewhere), plus vmap, jit, the
 trace-time checks, the dispatch rule and the kernel path's FFI buffers (a contract emulator).
 
-Tolerance of an output element (plan/gemm_contract.md: float32 accumulation, one rounding):
+Tolerance of an output element (the te_jax_gemm contract: float32 accumulation, one rounding):
 |out - ref| <= (K+2)·2^-23·Σ|a||b| (the accumulation, scales and bias in float32) + 1 ulp of
 out_dtype; an epilogue adds its float32 evaluation (gelu: 2^-20·|h|, Lipschitz 1.13) and 1 ulp.
 """
@@ -392,9 +392,11 @@ def test_eager_equals_jit(impl, rng):
     )
     eager, jitted = call(args, impl, use_jit=False), call(args, impl)
     check(eager, args, "eager ")
-    for a, b in zip(eager, jitted, strict=True):
-        if a is not None:
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    check(jitted, args, "jit ")
+    if jax.default_backend() == "cpu":  # one computation, op by op or fused: the same bits
+        for a, b in zip(eager, jitted, strict=True):
+            if a is not None:
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_float64_takes_the_pure_jax_path(rng):
@@ -525,6 +527,17 @@ VMAP_CASES = {
         output_amax=True,
         axes=[(0, None, None, None, None, None)],
     ),
+    "fp8_nested_amax": dict(
+        dtype=E5M2,
+        rhs_dtype=E4M3,
+        lhs=(2, 3, M_, K_),
+        rhs_trans=True,
+        out_dtype=F16,
+        output_amax=True,
+        epilogue=E.RELU,
+        bias=True,
+        axes=[(0, None, None, None, None, None), (0, None, None, None, None, None)],
+    ),
     "fp8_scales_batched": dict(
         dtype=E4M3,
         lhs=(3, M_, K_),
@@ -582,6 +595,11 @@ def test_vmap(name, impl, rng):
         return tuple(x for x in r if x is not None)
 
     levels = case["axes"]
+    # The primitive's batching rule on the CPU (the reference lowering): bit for bit the
+    # unbatched calls. Elsewhere, both within the tolerance of the float64 reference: cuBLAS(Lt)
+    # picks algorithms by shape, and vmap of the pure-JAX function (implementation="xla") makes
+    # dot_generals that XLA's CPU dot sums in another order.
+    EXACT_VMAP = jax.default_backend() == "cpu" and impl is None and not KERNEL  # noqa: N806
     g = f
     for axes in reversed(levels):
         g = jax.vmap(g, in_axes=axes)
@@ -602,12 +620,15 @@ def test_vmap(name, impl, rng):
             for gname, g_, r_ in zip(
                 ("out", "aux", "dbias"), res[:3], _fill(ref, static)[:3], strict=True
             ):
-                if g_ is not None:
+                if g_ is None:
+                    continue
+                what = f"{name}{index} {gname} vs the unbatched call"
+                if EXACT_VMAP:
+                    np.testing.assert_array_equal(np.asarray(g_), np.asarray(r_), err_msg=what)
+                else:
+                    bound = 2 * want[gname][1]
                     assert_within(
-                        np.asarray(g_, np.float64),
-                        np.asarray(r_, np.float64),
-                        2 * want[gname][1],
-                        f"{name}{index} {gname} vs the unbatched call",
+                        np.asarray(g_, np.float64), np.asarray(r_, np.float64), bound, what
                     )
             return
         for i in range(sizes(a, levels[depth])):
@@ -678,6 +699,9 @@ def test_enum_and_constants():
         "GELU": 4,
     }
     assert str(GemmEpilogue.DGELU) == "GemmEpilogue.DGELU"
+    lhs, rhs = _a((4, 16), BF16), _a((16, 8), BF16)
+    by_name = bind_gemm(lhs, rhs, epilogue="gelu_aux", out_dtype="bfloat16")
+    assert by_name.aux is not None and by_name.out.dtype == jnp.bfloat16
     assert GEMM_WORKSPACE_BYTES == 33554432
     assert GemmResult._fields == ("out", "aux", "dbias", "amax")
 
@@ -705,8 +729,8 @@ def test_enum_matches_the_cpp_declaration():
 
 
 class ContractEmulator:
-    """Stands in for ``base.ffi_call``: checks every buffer and attribute against
-    plan/gemm_contract.md and computes the contract's math in float64 (one rounding)."""
+    """Stands in for ``base.ffi_call``: checks every buffer and attribute against the te_jax_gemm
+    FFI contract (issue 16) and computes the contract's math in float64 (one rounding)."""
 
     ATTRS = {"lhs_trans", "rhs_trans", "epilogue", "grad_bias", "output_amax", "split_accumulator"}
 
@@ -1024,6 +1048,11 @@ ERROR_CASES = {
         dict(lhs=_a((4, 16)), rhs=_a((16, 8)), output_amax=True),
         ValueError,
         r"output_amax=True is only for FP8 operands .*got float32 operands",
+    ),
+    "bad_epilogue_name": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), epilogue="swiglu"),
+        ValueError,
+        r"epilogue must be a GemmEpilogue .*got 'swiglu'",
     ),
     "bad_epilogue": (
         dict(lhs=_a((4, 16)), rhs=_a((16, 8)), epilogue=7),

@@ -1,5 +1,5 @@
 """The GEMM primitive: one matrix product with a fused epilogue (target ``te_jax_gemm``,
-cuBLASLt; its FFI contract is plan/gemm_contract.md).
+cuBLASLt; its FFI contract is issue 16's gemm_contract.md, bound in ffi/gemm/).
 
 Row-major math, what JAX sees (``B`` is an optional batch of independent GEMMs)::
 
@@ -125,11 +125,6 @@ def _dims(lhs_shape, rhs_shape, lhs_trans: bool, rhs_trans: bool):
 # out) for DGELU, absent otherwise; the scale_invs float32 (1,).
 
 
-def _widen(x: jax.Array, cdt) -> jax.Array:
-    """``x`` in the compute dtype, exactly (from the bits: see ``formats.to_float32``)."""
-    return formats.to_float32(x) if cdt == _F32 else x.astype(cdt)
-
-
 def _accumulate(lhs, rhs, *, lhs_trans: bool, rhs_trans: bool, cdt) -> jax.Array:
     """``L @ R`` accumulated in ``cdt``, shape ``(batch..., M, N)``."""
     if np.dtype(lhs.dtype) in _FP8:  # dot_general takes no FP8: widen exactly
@@ -157,9 +152,9 @@ def _epilogue(
     """
     cdt = np.dtype(acc.dtype)
     acc = acc * lhs_scale_inv.astype(cdt)[0] * rhs_scale_inv.astype(cdt)[0]
-    h = acc + _widen(bias, cdt) if bias.size else acc
+    h = acc + bias.astype(cdt) if bias.size else acc
     if epilogue == GemmEpilogue.DGELU:
-        y = acc * _gelu(_widen(aux, cdt), None)[1]
+        y = acc * _gelu(aux.astype(cdt), None)[1]
     elif epilogue in (GemmEpilogue.GELU_AUX, GemmEpilogue.GELU):
         y = _gelu(h, None)[0]
     elif epilogue == GemmEpilogue.RELU:
@@ -514,13 +509,13 @@ def _check_out_dtype(out_dtype, operand_dtype, fp8) -> np.dtype:
             raise TypeError(
                 f"{_WHERE}: out_dtype is required for FP8 operands (float32, bfloat16 or float16)"
             )
-        dt = np.dtype(out_dtype)
+        dt = np.dtype(jnp.dtype(out_dtype))
         if dt not in _OUT_DTYPES:
             raise TypeError(
                 f"{_WHERE}: out_dtype must be float32, bfloat16 or float16, got {dt.name}"
             )
         return dt
-    dt = np.dtype(operand_dtype if out_dtype is None else out_dtype)
+    dt = np.dtype(jnp.dtype(operand_dtype if out_dtype is None else out_dtype))
     if dt != np.dtype(operand_dtype):
         raise TypeError(
             f"{_WHERE}: out_dtype must be the operands' dtype {_name(operand_dtype)} for a non-FP8 "
@@ -531,8 +526,10 @@ def _check_out_dtype(out_dtype, operand_dtype, fp8) -> np.dtype:
 
 def _check_epilogue(epilogue, bias, aux, grad_bias, output_amax, fp8, operand_dtype):
     try:
+        if isinstance(epilogue, str):
+            epilogue = GemmEpilogue[epilogue.upper()]
         epilogue = GemmEpilogue(epilogue)
-    except ValueError:
+    except (KeyError, ValueError):
         names = ", ".join(e.name for e in GemmEpilogue)
         raise ValueError(
             f"{_WHERE}: epilogue must be a GemmEpilogue ({names}), got {epilogue!r}"
@@ -627,7 +624,7 @@ def bind_gemm(
       lhs_scale_inv, rhs_scale_inv: FP8 only: float32 scalars or ``(1,)`` that multiply the
         accumulator (dequantization); 1 when ``None``.
       lhs_trans, rhs_trans: whether lhs / rhs are stored transposed (FP8: False and True).
-      epilogue: a ``GemmEpilogue``.
+      epilogue: a ``GemmEpilogue`` (or its value or name, e.g. ``"gelu_aux"``).
       out_dtype: the operands' dtype (the default) for non-FP8 operands; float32, bfloat16 or
         float16, required, for FP8 operands.
       grad_bias: with DGELU, also return ``dbias (N,)``.
