@@ -12,11 +12,18 @@ import importlib
 
 import jax
 
-__all__ = ["ffi_available", "registered_platforms", "load_error"]
+__all__ = [
+    "ffi_available",
+    "registered_platforms",
+    "target_available",
+    "target_platforms",
+    "load_error",
+]
 
 # JAX lowering platform name -> (extension module, XLA platform name for registration).
 _EXTENSIONS = {"cpu": ("_te_jax_cpu", "cpu"), "cuda": ("_te_jax_cuda", "CUDA")}
 _registered: set[str] = set()
+_targets: dict[str, frozenset[str]] = {}  # platform -> the target names registered for it
 _load_errors: dict[str, str] = {}
 
 
@@ -27,9 +34,11 @@ def _register_all() -> None:
         except ImportError as e:
             _load_errors[platform] = str(e)
             continue
-        for name, target in module.registrations().items():
+        registrations = module.registrations()
+        for name, target in registrations.items():
             jax.ffi.register_ffi_target(name, target, platform=xla_platform, api_version=1)
         _registered.add(platform)
+        _targets[platform] = frozenset(registrations)
 
 
 def _canonical(platform: str | None) -> str:
@@ -53,6 +62,19 @@ def ffi_available(platform: str | None = None) -> bool:
 def registered_platforms() -> frozenset[str]:
     """The JAX lowering platforms (``"cpu"``, ``"cuda"``) that have te_jax kernels."""
     return frozenset(_registered)
+
+
+def target_platforms(target: str) -> frozenset[str]:
+    """The JAX lowering platforms for which te_jax registered the FFI target ``target``.
+
+    Not every target exists on every platform: ``te_jax_gemm`` (cuBLASLt) has a CUDA handler only.
+    """
+    return frozenset(p for p, names in _targets.items() if target in names)
+
+
+def target_available(target: str, platform: str | None = None) -> bool:
+    """Whether the FFI target ``target`` is registered for ``platform`` (as ``ffi_available``)."""
+    return _canonical(platform) in target_platforms(target)
 
 
 def load_error(platform: str) -> str | None:

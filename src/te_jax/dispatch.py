@@ -66,8 +66,21 @@ def kernels_enabled(backend: str | None = None) -> bool:
     return _ffi.ffi_available(jax.default_backend() if backend is None else backend)
 
 
-def use_ffi(op: str, implementation: str | None, dtype) -> bool:
-    """Decides between the kernel and the pure-JAX path (see the module docstring)."""
+def use_ffi(
+    op: str,
+    implementation: str | None,
+    dtype,
+    *,
+    target: str | None = None,
+    kernel_dtypes=_KERNEL_DTYPES,
+) -> bool:
+    """Decides between the kernel and the pure-JAX path (see the module docstring).
+
+    ``target`` names the op's FFI target when it does not exist on every platform te_jax builds
+    (``te_jax_gemm`` has a CUDA handler only): ``implementation="ffi"`` then needs that target on
+    the default backend, not just te_jax's extension. ``kernel_dtypes`` are the input dtypes its
+    kernel takes (float32, bfloat16, float16 unless said).
+    """
     if implementation not in _IMPLEMENTATIONS:
         raise ValueError(
             f"te_jax.{op}: implementation must be None, 'ffi' or 'xla', got {implementation!r}"
@@ -76,32 +89,45 @@ def use_ffi(op: str, implementation: str | None, dtype) -> bool:
         implementation = environment_implementation()
     if implementation == "xla":
         return False
-    kernel_dtype = jnp.dtype(dtype) in _KERNEL_DTYPES
+    kernel_dtypes = tuple(jnp.dtype(d) for d in kernel_dtypes)
+    kernel_dtype = jnp.dtype(dtype) in kernel_dtypes
     if implementation == "ffi":
         if not kernel_dtype:
+            *first, last = (d.name for d in kernel_dtypes)
+            names = f"{', '.join(first)} or {last}" if first else last
             raise TypeError(
-                f"te_jax.{op}: the FFI kernels take float32, bfloat16 or float16 inputs, got "
+                f"te_jax.{op}: the FFI kernels take {names} inputs, got "
                 f"{jnp.dtype(dtype).name}; use implementation=None or 'xla' for other dtypes"
             )
         backend = jax.default_backend()
-        if not _ffi.ffi_available(backend):
+        if not _kernel_available(backend, target):
             reason = _ffi.load_error(backend)
+            if reason is None and target is not None and _ffi.ffi_available(backend):
+                where = sorted(_ffi.target_platforms(target))
+                reason = f"{target} is registered for: {', '.join(where) or 'no platform'}"
+            what = "kernels" if target is None else f"{target} kernel"
             raise RuntimeError(
-                f"te_jax.{op}: implementation='ffi' but te_jax has no kernels for the "
+                f"te_jax.{op}: implementation='ffi' but te_jax has no {what} for the "
                 f"{backend!r} backend" + (f" ({reason})" if reason else "")
             )
         return True
     # None: the outer primitive lowers to the kernel where one is registered, to the reference
     # elsewhere, so only dtypes the kernels cannot take are routed away here.
     if not kernel_dtype and jnp.dtype(dtype) == jnp.float64:
-        _warn_float64(op)
+        _warn_float64(op, target)
     return kernel_dtype
 
 
-def _warn_float64(op: str) -> None:
+def _kernel_available(backend: str, target: str | None) -> bool:
+    if target is None:
+        return _ffi.ffi_available(backend)
+    return _ffi.target_available(target, backend)
+
+
+def _warn_float64(op: str, target: str | None = None) -> None:
     """Says once per call site (Python's default warning filter) that float64 skips the kernels,
     where kernels would otherwise run."""
-    if not _ffi.ffi_available(jax.default_backend()):
+    if not _kernel_available(jax.default_backend(), target):
         return
     warnings.warn(
         f"te_jax.{op}: float64 input takes the pure-JAX path (te_jax's kernels take float32, "

@@ -31,6 +31,7 @@ __all__ = [
     "quantize_dact_dbias",
     "activation",
     "act_lu_tangent",
+    "component",
     "bias_gelu",
     "bgrad_dgelu",
     "bias_silu",
@@ -151,6 +152,12 @@ _COMPONENTS: dict[str, _Pair] = {
     "linear": _identity,
     "clamped_linear": _clamped_linear,
 }
+
+
+def component(name: str) -> _Pair:
+    """One component by name (``"gelu"``, ``"relu"``, ...): ``fn(x, params) -> (f(x), f'(x))``
+    in x's dtype, the math every op uses (the GEMM's epilogues too)."""
+    return _COMPONENTS[name]
 
 
 def _components(act: ActivationType) -> list[_Pair]:

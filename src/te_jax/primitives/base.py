@@ -16,7 +16,7 @@ primitives' own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,11 @@ def make_primitive(name: str) -> Primitive:
 
 
 def register_outer_rules(
-    outer: Primitive, local: Callable, partitioned: Callable, reference: Callable
+    outer: Primitive,
+    local: Callable,
+    partitioned: Callable,
+    reference: Callable,
+    platforms: Iterable[str] | None = None,
 ) -> None:
     """Eager impl and lowerings of an outer primitive.
 
@@ -77,16 +81,22 @@ def register_outer_rules(
     Under ``jit`` the op lowers through ``partitioned`` where kernels exist and through
     ``reference`` elsewhere. Eager calls run ``local`` (or ``reference``) directly:
     ``custom_partitioning`` needs the device assignment of a jitted computation.
+
+    ``platforms`` are the lowering platforms (``"cpu"``, ``"cuda"``) with a kernel for this op:
+    by default every platform whose extension is registered; an op whose FFI target exists on
+    some platforms only (the GEMM: CUDA) names them (``te_jax._ffi.target_platforms``).
     """
+    kernel_platforms = registered_platforms() if platforms is None else frozenset(platforms)
+    backends = _backend_names(kernel_platforms)
 
     def eager(*operands, **params):
-        fn = local if jax.default_backend() in _lowering_platforms() else reference
+        fn = local if jax.default_backend() in backends else reference
         return fn(*operands, **params)
 
     outer.def_impl(eager)
     _requires_devices_during_lowering(outer)
     mlir.register_lowering(outer, mlir.lower_fun(reference, multiple_results=True))
-    for platform in registered_platforms():
+    for platform in sorted(kernel_platforms):
         mlir.register_lowering(
             outer, mlir.lower_fun(partitioned, multiple_results=True), platform=platform
         )
@@ -101,12 +111,12 @@ def _requires_devices_during_lowering(p: Primitive) -> None:
     dispatch.prim_requires_devices_during_lowering.add(p)
 
 
-def _lowering_platforms() -> frozenset[str]:
-    """Registered kernel platforms by JAX's backend names ("cuda" is the "gpu" backend)."""
-    platforms = set(registered_platforms())
-    if "cuda" in platforms:
-        platforms.add("gpu")
-    return frozenset(platforms)
+def _backend_names(platforms: Iterable[str]) -> frozenset[str]:
+    """Kernel lowering platforms by JAX's backend names ("cuda" is the "gpu" backend)."""
+    names = set(platforms)
+    if "cuda" in names:
+        names.add("gpu")
+    return frozenset(names)
 
 
 def make_partitioned(

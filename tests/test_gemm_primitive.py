@@ -1,0 +1,1103 @@
+"""te_jax.primitives.bind_gemm against a float64 NumPy reference, on whichever path the backend
+takes (the te_jax_gemm kernel on CUDA, the pure-JAX lowering elsewhere), plus vmap, jit, the
+trace-time checks, the dispatch rule and the kernel path's FFI buffers (a contract emulator).
+
+Tolerance of an output element (the te_jax_gemm contract: float32 accumulation, one rounding):
+|out - ref| <= (K+2)·2^-23·Σ|a||b| (the accumulation, scales and bias in float32) + 1 ulp of
+out_dtype; an epilogue adds its float32 evaluation (gelu: 2^-20·|h|, Lipschitz 1.13) and 1 ulp.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import float64_oracle as f64
+from helpers import assert_within, cpp_enum, enable_x64, np_dtype, te_jax_custom_calls
+from te_jax import _ffi
+from te_jax.primitives import GEMM_WORKSPACE_BYTES, GemmEpilogue, GemmResult, base, bind_gemm
+from te_jax.primitives import gemm as gemm_mod
+
+E = GemmEpilogue
+F32, BF16, F16 = np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16)
+E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+DTYPES = [F32, BF16, F16]
+DTYPE_IDS = ["f32", "bf16", "f16"]
+IMPLS = [None, "xla"]
+TRANS = [(False, False), (True, False), (False, True), (True, True)]
+TRANS_IDS = ["NN", "TN", "NT", "TT"]
+
+# Whether bind_gemm(..., implementation=impl) runs the kernel on this backend.
+KERNEL = _ffi.target_available(gemm_mod.TARGET, jax.default_backend())
+
+
+def runs_kernel(impl) -> bool:
+    return KERNEL and impl != "xla" and os.environ.get("TE_JAX_IMPLEMENTATION", "") != "xla"
+
+
+# ---- inputs and the float64 reference -----------------------------------------------------------
+
+
+def stored(a, trans: bool):
+    """The stored form of a row-major math operand (transposed when ``trans``)."""
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2)) if trans else a
+
+
+def math_form(a, trans: bool) -> np.ndarray:
+    """The float64 math operand of a stored (jax or numpy) array."""
+    a = np.asarray(a).astype(np.float64)
+    return np.swapaxes(a, -1, -2) if trans else a
+
+
+def random_operands(
+    rng, m, k, n, dtype, *, batch=(), lhs_trans=False, rhs_trans=False, rhs_dtype=None
+):
+    """lhs, rhs (jax arrays, stored form) from random normal values rounded to the dtypes."""
+    lhs = rng.normal(size=batch + (m, k)).astype(np_dtype(dtype))
+    rhs = rng.normal(size=batch + (k, n)).astype(np_dtype(rhs_dtype or dtype))
+    return jnp.asarray(stored(lhs, lhs_trans)), jnp.asarray(stored(rhs, rhs_trans))
+
+
+def random_like(rng, shape, dtype, scale=1.0):
+    return jnp.asarray((scale * rng.normal(size=shape)).astype(np_dtype(dtype)))
+
+
+def _scalar(scale_inv) -> float:
+    return 1.0 if scale_inv is None else float(np.asarray(scale_inv, np.float32).reshape(()))
+
+
+def expect(
+    lhs,
+    rhs,
+    bias=None,
+    aux=None,
+    lhs_scale_inv=None,
+    rhs_scale_inv=None,
+    *,
+    lhs_trans=False,
+    rhs_trans=False,
+    epilogue=E.DEFAULT,
+    out_dtype=None,
+    grad_bias=False,
+    **_,
+):
+    """{name: (float64 reference, allowed error)} for out, aux, dbias (what was asked for)."""
+    L, R = math_form(lhs, lhs_trans), math_form(rhs, rhs_trans)
+    out_dt = np.dtype(out_dtype or np.asarray(lhs).dtype)
+    s = _scalar(lhs_scale_inv) * _scalar(rhs_scale_inv)
+    k = L.shape[-1]
+    acc = np.matmul(L, R) * s
+    mag = np.matmul(np.abs(L), np.abs(R)) * abs(s)
+    b = 0.0 if bias is None else np.asarray(bias).astype(np.float64)
+    h = acc + b
+    acc_err = (k + 2) * 2.0**-23 * (mag + np.abs(b))
+    epilogue = E(epilogue)
+    if epilogue == E.DGELU:
+        y = acc * f64.gelu(np.asarray(aux).astype(np.float64))[1]
+        err = 1.13 * acc_err + 2.0**-20 * np.abs(acc)
+    elif epilogue in (E.GELU, E.GELU_AUX):
+        y = f64.gelu(h)[0]
+        err = 1.13 * acc_err + 2.0**-20 * np.abs(h)
+    elif epilogue == E.RELU:
+        y, err = f64.relu(h)[0], acc_err
+    else:
+        y, err = h, acc_err
+    fi = ml_dtypes.finfo(out_dt)
+    eps, tiny = float(fi.eps), float(fi.smallest_subnormal)
+    ulps = 1 if epilogue == E.DEFAULT else 2
+    want = {"out": (y, err + ulps * (eps * np.abs(y) + tiny))}
+    if epilogue == E.GELU_AUX:
+        want["aux"] = (h, acc_err + eps * np.abs(h) + tiny)
+    if grad_bias:
+        axes = tuple(range(y.ndim - 1))
+        rows = int(np.prod(y.shape[:-1]))
+        dbias = y.sum(axis=axes)
+        bound = err.sum(axis=axes) + rows * 2.0**-23 * np.abs(y).sum(axis=axes)
+        want["dbias"] = (dbias, bound + eps * np.abs(dbias) + tiny)
+    return want
+
+
+def check(result: GemmResult, args: dict, what=""):
+    """Every returned field against ``expect`` (and amax against out)."""
+    out_dt = np.dtype(args.get("out_dtype") or np.asarray(args["lhs"]).dtype)
+    want = expect(**args)
+    for name in ("out", "aux", "dbias"):
+        got = getattr(result, name)
+        if name not in want:
+            assert got is None, f"{what}{name}: not asked for, got {got}"
+            continue
+        ref, bound = want[name]
+        got = np.asarray(got)
+        assert got.dtype == out_dt, f"{what}{name}: dtype {got.dtype}, want {out_dt}"
+        assert got.shape == ref.shape, f"{what}{name}: shape {got.shape}, want {ref.shape}"
+        assert_within(got.astype(np.float64), ref, bound, f"{what}{name}")
+    if args.get("output_amax"):
+        amax = np.asarray(result.amax)
+        assert amax.dtype == np.float32 and amax.shape == (1,), (amax.dtype, amax.shape)
+        out = np.abs(np.asarray(result.out).astype(np.float64))
+        top = out.max(initial=0.0)
+        eps = float(ml_dtypes.finfo(out_dt).eps)
+        assert abs(float(amax[0]) - top) <= eps * top, f"{what}amax {amax[0]}, max|out| {top}"
+        ref, bound = want["out"]
+        i = np.unravel_index(np.argmax(np.abs(ref)), ref.shape) if ref.size else ()
+        allowed = bound[i] if ref.size else 0.0
+        assert abs(float(amax[0]) - np.abs(ref).max(initial=0.0)) <= allowed + eps * top
+    else:
+        assert result.amax is None
+
+
+def call(args: dict, impl, *, use_jit=True) -> GemmResult:
+    """bind_gemm on ``args`` (arrays traced, options static), jitted unless told."""
+    arrays = {k: v for k, v in args.items() if k in _ARRAY_ARGS and v is not None}
+    static = {k: v for k, v in args.items() if k not in _ARRAY_ARGS}
+    fn = lambda a: bind_gemm(**a, **static, implementation=impl)  # noqa: E731
+    return (jax.jit(fn) if use_jit else fn)(arrays)
+
+
+_ARRAY_ARGS = ("lhs", "rhs", "bias", "aux", "lhs_scale_inv", "rhs_scale_inv")
+
+
+def fp8(rng, shape, dtype, scale=2.0):
+    """Random FP8 data (ml_dtypes' round-to-nearest of normal values) as a jax array."""
+    return jnp.asarray((scale * rng.normal(size=shape)).astype(np_dtype(dtype)))
+
+
+# ---- numerics -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("trans", TRANS, ids=TRANS_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_layouts_and_bias(dtype, trans, with_bias, impl, rng):
+    m, k, n = 7, 33, 5
+    lhs, rhs = random_operands(rng, m, k, n, dtype, lhs_trans=trans[0], rhs_trans=trans[1])
+    args = dict(lhs=lhs, rhs=rhs, lhs_trans=trans[0], rhs_trans=trans[1])
+    if with_bias:
+        args["bias"] = random_like(rng, (n,), dtype)
+    check(call(args, impl), args)
+
+
+EPILOGUE_CASES = [
+    (E.DEFAULT, False),
+    (E.GELU_AUX, False),
+    (E.RELU, False),
+    (E.GELU, False),
+    (E.DGELU, False),
+    (E.DGELU, True),
+]
+EPILOGUE_IDS = ["default", "gelu_aux", "relu", "gelu", "dgelu", "dgelu_bgrad"]
+
+
+def epilogue_args(rng, lhs, rhs, epilogue, grad_bias, out_shape, io_dtype, **kw):
+    """The call's arguments: DGELU gets an aux (values of a pre-activation), the others a bias,
+    both in ``io_dtype`` (out_dtype)."""
+    args = dict(lhs=lhs, rhs=rhs, epilogue=epilogue, grad_bias=grad_bias, **kw)
+    if epilogue == E.DGELU:
+        args["aux"] = random_like(rng, out_shape, io_dtype, scale=2.0)
+    else:
+        args["bias"] = random_like(rng, out_shape[-1:], io_dtype)
+    return args
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=EPILOGUE_IDS)
+def test_epilogues(case, dtype, impl, rng):
+    epilogue, grad_bias = case
+    m, k, n = 33, 16, 7
+    trans = TRANS[int(epilogue) % 4]  # every epilogue with some layout
+    lhs, rhs = random_operands(rng, m, k, n, dtype, lhs_trans=trans[0], rhs_trans=trans[1])
+    args = epilogue_args(
+        rng, lhs, rhs, epilogue, grad_bias, (m, n), dtype, lhs_trans=trans[0], rhs_trans=trans[1]
+    )
+    check(call(args, impl), args)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_gelu_aux_is_the_rounded_pre_activation(dtype, impl, rng):
+    """aux of GELU_AUX is h rounded once: the out of the DEFAULT epilogue with the same bias
+    (bit for bit where the pure-JAX path runs; within the tolerance on the kernel)."""
+    m, k, n = 9, 33, 17
+    lhs, rhs = random_operands(rng, m, k, n, dtype)
+    bias = random_like(rng, (n,), dtype)
+    args = dict(lhs=lhs, rhs=rhs, bias=bias)
+    h = np.asarray(call(args, impl).out)
+    aux = np.asarray(call({**args, "epilogue": E.GELU_AUX}, impl).aux)
+    ref = np.asarray(
+        gemm_mod.reference_results(
+            lhs,
+            rhs,
+            bias,
+            jnp.zeros((0,), dtype),
+            jnp.ones((1,)),
+            jnp.ones((1,)),
+            lhs_trans=False,
+            rhs_trans=False,
+            epilogue=E.GELU_AUX,
+            out_dtype=np.dtype(dtype),
+            grad_bias=False,
+            output_amax=False,
+            split_accumulator=True,
+        )[1]
+    )
+    if runs_kernel(impl):
+        bound = expect(**args)["out"][1]
+        assert_within(aux.astype(np.float64), h.astype(np.float64), 2 * bound, "aux vs h")
+    else:
+        np.testing.assert_array_equal(aux, h)
+        np.testing.assert_array_equal(aux, ref)
+
+
+FP8_PAIRS = [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
+FP8_IDS = ["e4m3xe4m3", "e4m3xe5m2", "e5m2xe4m3"]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("pair", FP8_PAIRS, ids=FP8_IDS)
+def test_fp8(pair, out_dtype, impl, rng):
+    m, k, n = 7, 48, 32
+    args = dict(
+        lhs=fp8(rng, (m, k), pair[0]),
+        rhs=fp8(rng, (n, k), pair[1]),  # (N, K): rhs_trans
+        bias=random_like(rng, (n,), out_dtype),
+        lhs_scale_inv=jnp.float32(0.75),
+        rhs_scale_inv=jnp.asarray([1.5], jnp.float32),
+        rhs_trans=True,
+        out_dtype=out_dtype,
+        output_amax=True,
+    )
+    check(call(args, impl), args)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("case", EPILOGUE_CASES[1:], ids=EPILOGUE_IDS[1:])
+def test_fp8_epilogues(case, impl, rng):
+    epilogue, grad_bias = case
+    m, k, n = 33, 32, 16
+    lhs, rhs = fp8(rng, (m, k), E4M3), fp8(rng, (n, k), E5M2)
+    args = epilogue_args(
+        rng,
+        lhs,
+        rhs,
+        epilogue,
+        grad_bias,
+        (m, n),
+        BF16,
+        rhs_trans=True,
+        out_dtype=BF16,
+        lhs_scale_inv=jnp.float32(0.5),
+        rhs_scale_inv=jnp.float32(3.0),
+        output_amax=True,
+    )
+    check(call(args, impl), args)
+
+
+def test_fp8_fast_accumulation(rng):
+    """split_accumulator=False: cuBLASLt's fast FP8 accumulation (about 13 mantissa bits on
+    Hopper); the pure-JAX path ignores it. Checked against a bound that loose."""
+    m, k, n = 16, 64, 32
+    args = dict(
+        lhs=fp8(rng, (m, k), E4M3),
+        rhs=fp8(rng, (n, k), E4M3),
+        rhs_trans=True,
+        out_dtype=F32,
+        split_accumulator=False,
+    )
+    got = np.asarray(call(args, None).out, np.float64)
+    L, R = math_form(args["lhs"], False), math_form(args["rhs"], True)
+    assert_within(got, L @ R, k * 2.0**-13 * (np.abs(L) @ np.abs(R)) + 1e-30, "fast accum")
+
+
+BATCHED_CASES = [
+    (E.DEFAULT, False, (False, False)),
+    (E.GELU_AUX, False, (True, True)),
+    (E.RELU, False, (True, False)),
+    (E.DGELU, True, (False, True)),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("case", BATCHED_CASES, ids=["default", "gelu_aux", "relu", "dgelu_bgrad"])
+def test_rank3_batched(case, dtype, impl, rng):
+    """(B, ., .) operands: B independent GEMMs; bias shared; dbias sums over B and M."""
+    epilogue, grad_bias, trans = case
+    b, m, k, n = 3, 7, 33, 9
+    lhs, rhs = random_operands(
+        rng, m, k, n, dtype, batch=(b,), lhs_trans=trans[0], rhs_trans=trans[1]
+    )
+    args = epilogue_args(
+        rng,
+        lhs,
+        rhs,
+        epilogue,
+        grad_bias,
+        (b, m, n),
+        dtype,
+        lhs_trans=trans[0],
+        rhs_trans=trans[1],
+    )
+    check(call(args, impl), args)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+def test_rank3_fp8_with_amax(impl, rng):
+    b, m, k, n = 2, 5, 32, 16
+    args = dict(
+        lhs=fp8(rng, (b, m, k), E4M3),
+        rhs=fp8(rng, (b, n, k), E4M3),
+        rhs_trans=True,
+        out_dtype=F16,
+        lhs_scale_inv=jnp.float32(0.25),
+        rhs_scale_inv=jnp.float32(2.0),
+        output_amax=True,
+        epilogue=E.GELU_AUX,
+        bias=random_like(rng, (n,), F16),
+    )
+    check(call(args, impl), args)
+
+
+ZERO_SHAPES = [((), 0, 8, 5), ((), 6, 0, 5), ((), 6, 8, 0), ((0,), 4, 8, 5), ((2,), 0, 3, 4)]
+ZERO_IDS = ["M0", "K0", "N0", "B0", "B2M0"]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("case", [EPILOGUE_CASES[1], EPILOGUE_CASES[5]], ids=["gelu_aux", "dbias"])
+@pytest.mark.parametrize("shape", ZERO_SHAPES, ids=ZERO_IDS)
+def test_zero_sizes(shape, case, impl, rng):
+    """Empty M, N or B give empty outputs (a zero dbias); K = 0 gives acc = 0, i.e.
+    epilogue(bias)."""
+    batch, m, k, n = shape
+    epilogue, grad_bias = case
+    lhs, rhs = random_operands(rng, m, k, n, BF16, batch=batch, lhs_trans=True)
+    args = epilogue_args(rng, lhs, rhs, epilogue, grad_bias, batch + (m, n), BF16, lhs_trans=True)
+    check(call(args, impl), args)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+def test_eager_equals_jit(impl, rng):
+    lhs, rhs = random_operands(rng, 7, 33, 16, BF16, rhs_trans=True)
+    args = dict(
+        lhs=lhs, rhs=rhs, rhs_trans=True, epilogue=E.GELU_AUX, bias=random_like(rng, (16,), BF16)
+    )
+    eager, jitted = call(args, impl, use_jit=False), call(args, impl)
+    check(eager, args, "eager ")
+    check(jitted, args, "jit ")
+    if jax.default_backend() == "cpu":  # one computation, op by op or fused: the same bits
+        for a, b in zip(eager, jitted, strict=True):
+            if a is not None:
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_float64_takes_the_pure_jax_path(rng):
+    with enable_x64():
+        lhs = jnp.asarray(rng.normal(size=(5, 9)))
+        rhs = jnp.asarray(rng.normal(size=(9, 3)))
+        bias = jnp.asarray(rng.normal(size=(3,)))
+        r = jax.jit(lambda a, b, c: bind_gemm(a, b, c, epilogue=E.GELU_AUX))(lhs, rhs, bias)
+        assert r.out.dtype == jnp.float64
+        h = np.asarray(lhs) @ np.asarray(rhs) + np.asarray(bias)
+        np.testing.assert_allclose(np.asarray(r.aux), h, rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(np.asarray(r.out), f64.gelu(h)[0], rtol=1e-12, atol=1e-13)
+        with pytest.raises(TypeError, match="te_jax.gemm: the FFI kernels take"):
+            bind_gemm(lhs, rhs, implementation="ffi")
+
+
+# ---- vmap ---------------------------------------------------------------------------------------
+
+
+def _take(args, axes, i):
+    return [a if ax is None else jnp.take(a, i, axis=ax) for a, ax in zip(args, axes, strict=True)]
+
+
+def _gemm_eqns(jaxpr) -> list:
+    """Every te_jax_gemm equation of a jaxpr, sub-jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is gemm_mod.gemm_p:
+            found.append(eqn)
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", None)
+                if inner is not None:
+                    found += _gemm_eqns(getattr(inner, "jaxpr", inner))
+    return found
+
+
+def _prims(jaxpr) -> set[str]:
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for v in eqn.params.values():
+            inner = getattr(v, "jaxpr", None)
+            if inner is not None:
+                names |= _prims(getattr(inner, "jaxpr", inner))
+    return names
+
+
+# name: (dtype, lhs (math) dims, options, {arg: batched shape builder}, in_axes per level)
+# Shapes: M=5, K=32, N=16 (FP8-legal), V=3 (outer), W=2 (inner), B=2 (rank-3 operands).
+M_, K_, N_ = 5, 32, 16
+VMAP_CASES = {
+    # lhs only, rhs a shared rank-2 weight: the vmapped rows fold into M
+    "lhs_only": dict(dtype=F32, lhs=(3, M_, K_), bias=True, axes=[(0, None, None, None)]),
+    # lhs only with lhs_trans: the rank-3 form; batch axis not leading
+    "lhs_only_trans": dict(
+        dtype=BF16,
+        lhs=(K_, 3, M_),
+        lhs_trans=True,
+        bias=True,
+        epilogue=E.GELU_AUX,
+        axes=[(1, None, None, None)],
+    ),
+    "rhs_only": dict(dtype=BF16, rhs=(3, N_, K_), rhs_trans=True, axes=[(None, 0, None, None)]),
+    "both": dict(
+        dtype=F16,
+        lhs=(3, M_, K_),
+        rhs=(3, K_, N_),
+        epilogue=E.DGELU,
+        aux=(M_, N_),
+        axes=[(0, 0, None, None)],
+    ),
+    "nested_lhs": dict(
+        dtype=BF16,
+        lhs=(3, 2, M_, K_),
+        bias=True,
+        epilogue=E.RELU,
+        axes=[(0, None, None, None), (0, None, None, None)],
+    ),
+    "nested_rhs_then_lhs": dict(
+        dtype=F32,
+        lhs=(2, M_, K_),
+        rhs=(3, K_, N_),
+        axes=[(None, 0, None, None), (0, None, None, None)],
+    ),
+    "lhs_over_rank3": dict(
+        dtype=BF16, lhs=(3, 2, M_, K_), rhs=(2, K_, N_), bias=True, axes=[(0, None, None, None)]
+    ),
+    "both_over_rank3_nested": dict(
+        dtype=F32,
+        lhs=(3, 2, 2, M_, K_),
+        rhs=(3, 2, 2, K_, N_),
+        axes=[(0, 0, None, None), (0, 0, None, None)],
+    ),
+    "bias_batched": dict(
+        dtype=BF16, lhs=(3, M_, K_), bias=(3, N_), epilogue=E.GELU_AUX, axes=[(0, None, 0, None)]
+    ),
+    "bias_only_batched": dict(
+        dtype=F16, bias=(3, N_), epilogue=E.RELU, axes=[(None, None, 0, None)]
+    ),
+    "aux_only_batched": dict(
+        dtype=BF16, aux=(3, M_, N_), epilogue=E.DGELU, axes=[(None, None, None, 0)]
+    ),
+    "dbias_batched": dict(
+        dtype=BF16,
+        lhs=(3, M_, K_),
+        aux=(3, M_, N_),
+        epilogue=E.DGELU,
+        grad_bias=True,
+        axes=[(0, None, None, 0)],
+    ),
+    "dbias_nested": dict(
+        dtype=F32,
+        lhs=(2, M_, K_),
+        rhs=(3, K_, N_),
+        aux=(3, 2, M_, N_),
+        epilogue=E.DGELU,
+        grad_bias=True,
+        axes=[(None, 0, None, 0), (0, None, None, 0)],
+    ),
+    "fp8_lhs_only_amax": dict(
+        dtype=E4M3,
+        rhs_dtype=E5M2,
+        lhs=(3, M_, K_),
+        rhs_trans=True,
+        bias=True,
+        out_dtype=BF16,
+        output_amax=True,
+        axes=[(0, None, None, None, None, None)],
+    ),
+    "fp8_nested_amax": dict(
+        dtype=E5M2,
+        rhs_dtype=E4M3,
+        lhs=(2, 3, M_, K_),
+        rhs_trans=True,
+        out_dtype=F16,
+        output_amax=True,
+        epilogue=E.RELU,
+        bias=True,
+        axes=[(0, None, None, None, None, None), (0, None, None, None, None, None)],
+    ),
+    "fp8_scales_batched": dict(
+        dtype=E4M3,
+        lhs=(3, M_, K_),
+        rhs_trans=True,
+        out_dtype=F32,
+        scales=(3,),
+        output_amax=True,
+        epilogue=E.GELU_AUX,
+        axes=[(0, None, None, None, 0, 0)],
+    ),
+}
+
+
+def _vmap_inputs(case, rng):
+    dt = case["dtype"]
+    is_fp8 = dt in (E4M3, E5M2)
+    out_dt = case.get("out_dtype", dt)
+    lt, rt = case.get("lhs_trans", False), case.get("rhs_trans", False)
+
+    def data(shape, dtype):
+        return fp8(rng, shape, dtype) if is_fp8 else random_like(rng, shape, dtype)
+
+    lhs = data(case.get("lhs", (K_, M_) if lt else (M_, K_)), dt)
+    rhs = data(case.get("rhs", (N_, K_) if rt else (K_, N_)), case.get("rhs_dtype", dt))
+    bias = case.get("bias")
+    bias = None if not bias else random_like(rng, (N_,) if bias is True else bias, out_dt)
+    aux = case.get("aux")
+    aux = None if aux is None else random_like(rng, aux, out_dt, scale=2.0)
+    args = [lhs, rhs, bias, aux]
+    if is_fp8:
+        shape = case.get("scales", ())
+        args += [jnp.asarray(rng.uniform(0.5, 2.0, size=shape), jnp.float32) for _ in range(2)]
+    static = dict(
+        lhs_trans=lt,
+        rhs_trans=rt,
+        epilogue=case.get("epilogue", E.DEFAULT),
+        out_dtype=case.get("out_dtype"),
+        grad_bias=case.get("grad_bias", False),
+        output_amax=case.get("output_amax", False),
+    )
+    return args, static
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
+@pytest.mark.parametrize("name", list(VMAP_CASES))
+def test_vmap(name, impl, rng):
+    """vmap (and nested vmap) equals the unbatched calls, each within the tolerance of the
+    float64 reference; on the primitive path one batched te_jax_gemm, never a loop."""
+    case = VMAP_CASES[name]
+    args, static = _vmap_inputs(case, rng)
+    names = _ARRAY_ARGS[: len(args)]
+
+    def f(*a):
+        r = bind_gemm(*a, **static, implementation=impl)
+        return tuple(x for x in r if x is not None)
+
+    levels = case["axes"]
+    # The primitive's batching rule on the CPU (the reference lowering): bit for bit the
+    # unbatched calls. Elsewhere, both within the tolerance of the float64 reference: cuBLAS(Lt)
+    # picks algorithms by shape, and vmap of the pure-JAX function (implementation="xla") makes
+    # dot_generals that XLA's CPU dot sums in another order.
+    EXACT_VMAP = jax.default_backend() == "cpu" and impl is None and not KERNEL  # noqa: N806
+    g = f
+    for axes in reversed(levels):
+        g = jax.vmap(g, in_axes=axes)
+    batched = jax.jit(g)(*args)
+    single = jax.jit(f)
+
+    def sizes(a, level_axes):
+        return next(x.shape[ax] for x, ax in zip(a, level_axes, strict=True) if ax is not None)
+
+    def walk(a, depth, index):
+        if depth == len(levels):
+            kw = dict(zip(names, a, strict=True), **static)
+            got = tuple(np.asarray(x)[index] for x in batched)
+            ref = single(*a)
+            res = GemmResult(*(_fill(got, static)))
+            check(res, kw, f"{name}{index} ")
+            want = expect(**kw)
+            for gname, g_, r_ in zip(
+                ("out", "aux", "dbias"), res[:3], _fill(ref, static)[:3], strict=True
+            ):
+                if g_ is None:
+                    continue
+                what = f"{name}{index} {gname} vs the unbatched call"
+                if EXACT_VMAP:
+                    np.testing.assert_array_equal(np.asarray(g_), np.asarray(r_), err_msg=what)
+                else:
+                    bound = 2 * want[gname][1]
+                    assert_within(
+                        np.asarray(g_, np.float64), np.asarray(r_, np.float64), bound, what
+                    )
+            return
+        for i in range(sizes(a, levels[depth])):
+            walk(_take(a, levels[depth], i), depth + 1, index + (i,))
+
+    walk(args, 0, ())
+    if impl is None:
+        jaxpr = jax.make_jaxpr(g)(*args).jaxpr
+        eqns = _gemm_eqns(jaxpr)
+        assert len(eqns) == 1, f"{name}: {len(eqns)} te_jax_gemm equations"
+        assert not _prims(jaxpr) & {"while", "scan", "cond"}, f"{name}: a loop in {_prims(jaxpr)}"
+        if name == "lhs_only":  # folded: the weight is not repeated
+            assert eqns[0].invars[1].aval.shape == (K_, N_)
+
+
+def _fill(outs, static):
+    """(out, aux, dbias, amax) from the tuple of non-None results."""
+    it = iter(outs)
+    out = next(it)
+    aux = next(it) if static["epilogue"] == E.GELU_AUX else None
+    dbias = next(it) if static["grad_bias"] else None
+    amax = next(it) if static["output_amax"] else None
+    return out, aux, dbias, amax
+
+
+# ---- dispatch and lowering ----------------------------------------------------------------------
+
+
+def test_the_kernel_lowering_only_where_te_jax_gemm_is_registered(rng):
+    lhs, rhs = random_operands(rng, 8, 16, 16, BF16)
+    hlo = jax.jit(lambda a, b: bind_gemm(a, b).out).lower(lhs, rhs).compile().as_text()
+    assert ("te_jax_gemm" in te_jax_custom_calls(hlo)) == KERNEL
+    assert gemm_mod.KERNEL_PLATFORMS == _ffi.target_platforms("te_jax_gemm")
+    assert "cpu" not in gemm_mod.KERNEL_PLATFORMS  # the contract has no CPU handler
+    hlo = jax.jit(lambda a, b: bind_gemm(a, b, implementation="xla").out).lower(lhs, rhs)
+    assert not te_jax_custom_calls(hlo.compile().as_text())
+
+
+def test_implementation_choice(rng, monkeypatch):
+    lhs, rhs = random_operands(rng, 4, 16, 16, F32)
+    prims = lambda impl: _prims(  # noqa: E731
+        jax.make_jaxpr(lambda a, b: bind_gemm(a, b, implementation=impl).out)(lhs, rhs).jaxpr
+    )
+    assert "te_jax_gemm" in prims(None)
+    assert "te_jax_gemm" not in prims("xla")
+    monkeypatch.setenv("TE_JAX_IMPLEMENTATION", "xla")
+    assert "te_jax_gemm" not in prims(None)
+    monkeypatch.delenv("TE_JAX_IMPLEMENTATION")
+    with pytest.raises(ValueError, match="te_jax.gemm: implementation must be None, 'ffi' or"):
+        bind_gemm(lhs, rhs, implementation="cuda")
+    if KERNEL:
+        assert "te_jax_gemm" in prims("ffi")
+    else:
+        with pytest.raises(
+            RuntimeError,
+            match=rf"te_jax.gemm: implementation='ffi' but te_jax has no te_jax_gemm kernel for "
+            rf"the '{jax.default_backend()}' backend",
+        ):
+            bind_gemm(lhs, rhs, implementation="ffi")
+
+
+def test_enum_and_constants():
+    assert {e.name: int(e) for e in GemmEpilogue} == {
+        "DEFAULT": 0,
+        "GELU_AUX": 1,
+        "RELU": 2,
+        "DGELU": 3,
+        "GELU": 4,
+    }
+    assert str(GemmEpilogue.DGELU) == "GemmEpilogue.DGELU"
+    lhs, rhs = _a((4, 16), BF16), _a((16, 8), BF16)
+    by_name = bind_gemm(lhs, rhs, epilogue="gelu_aux", out_dtype="bfloat16")
+    assert by_name.aux is not None and by_name.out.dtype == jnp.bfloat16
+    assert GEMM_WORKSPACE_BYTES == 33554432
+    assert GemmResult._fields == ("out", "aux", "dbias", "amax")
+
+
+def test_enum_matches_the_cpp_declaration():
+    """Once ffi/gemm/ declares ``enum class GemmEpilogue``: the same members and values (names
+    compared without a ``k`` prefix, underscores and case)."""
+    ffi_dir = os.path.join(os.path.dirname(__file__), "..", "ffi")
+    headers = [
+        p
+        for p in sorted(glob.glob(os.path.join(ffi_dir, "gemm", "**", "*.h"), recursive=True))
+        if re.search(r"enum class GemmEpilogue\b", open(p).read())
+    ]
+    if not headers:
+        pytest.skip("no ffi/gemm header declares enum class GemmEpilogue in this tree")
+
+    def norm(name):
+        return re.sub(r"^k(?=[A-Z])", "", name).replace("_", "").upper()
+
+    cpp = cpp_enum(os.path.relpath(headers[0], ffi_dir), "GemmEpilogue")
+    assert {norm(k): v for k, v in cpp.items()} == {norm(e.name): int(e) for e in GemmEpilogue}
+
+
+# ---- the kernel path's FFI buffers, against an emulator of the contract -------------------------
+
+
+class ContractEmulator:
+    """Stands in for ``base.ffi_call``: checks every buffer and attribute against the te_jax_gemm
+    FFI contract (issue 16) and computes the contract's math in float64 (one rounding)."""
+
+    ATTRS = {"lhs_trans", "rhs_trans", "epilogue", "grad_bias", "output_amax", "split_accumulator"}
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, target, results, *operands, **attrs):
+        assert target == "te_jax_gemm"
+        assert set(attrs) == self.ATTRS, attrs
+        for k, v in attrs.items():
+            assert type(v) is (np.int64 if k == "epilogue" else np.bool_), (k, type(v))
+        lhs, rhs, bias, aux, lsi, rsi = (np.asarray(x) for x in operands)
+        self.calls.append((lhs.shape, rhs.shape, bias.shape, aux.shape))
+        lt, rt, ep = bool(attrs["lhs_trans"]), bool(attrs["rhs_trans"]), E(attrs["epilogue"])
+        assert lhs.ndim in (2, 3) and rhs.ndim == lhs.ndim
+        assert lhs.shape[:-2] == rhs.shape[:-2]
+        for s in (lsi, rsi):
+            assert s.shape == (1,) and s.dtype == np.float32
+        out_sds = results[0]
+        out_dt = np.dtype(out_sds.dtype)
+        L, R = math_form(lhs, lt), math_form(rhs, rt)
+        assert L.shape[-1] == R.shape[-2]
+        fp8_ops = lhs.dtype in (E4M3, E5M2)
+        if not fp8_ops:
+            assert out_dt == lhs.dtype == rhs.dtype and lsi[0] == rsi[0] == 1.0
+        else:
+            assert not lt and rt and L.shape[-1] % 16 == 0 and R.shape[-1] % 16 == 0
+        out_shape = L.shape[:-1] + R.shape[-1:]
+        n = out_shape[-1]
+        assert tuple(out_sds.shape) == out_shape
+        assert bias.shape in ((0,), (n,)) and (bias.size == 0 or bias.dtype == out_dt)
+        if ep == E.DGELU:
+            assert aux.shape == out_shape and aux.dtype == out_dt and bias.size == 0
+        else:
+            assert aux.shape == (0,)
+        shapes = [tuple(r.shape) for r in results]
+        assert shapes[1] == (out_shape if ep == E.GELU_AUX else (0,))
+        assert shapes[2] == ((n,) if attrs["grad_bias"] else (0,))
+        assert shapes[3] == ((1,) if attrs["output_amax"] else (0,))
+        assert results[3].dtype == np.float32
+        assert shapes[4] == (GEMM_WORKSPACE_BYTES,) and results[4].dtype == np.uint8
+        acc = np.matmul(L, R) * float(lsi[0]) * float(rsi[0])
+        h = acc + (bias.astype(np.float64) if bias.size else 0.0)
+        y = {
+            E.DEFAULT: lambda: h,
+            E.GELU_AUX: lambda: f64.gelu(h)[0],
+            E.GELU: lambda: f64.gelu(h)[0],
+            E.RELU: lambda: f64.relu(h)[0],
+            E.DGELU: lambda: acc * f64.gelu(aux.astype(np.float64))[1],
+        }[ep]()
+        out = y.astype(out_dt)
+        res = [
+            out,
+            h.astype(out_dt) if ep == E.GELU_AUX else np.zeros((0,), out_dt),
+            y.reshape(-1, n).sum(0).astype(out_dt) if attrs["grad_bias"] else np.zeros(0, out_dt),
+            np.abs(out.astype(np.float32)).max(initial=0).reshape(1).astype(np.float32)
+            if attrs["output_amax"]
+            else np.zeros((0,), np.float32),
+            np.zeros((GEMM_WORKSPACE_BYTES,), np.uint8),
+        ]
+        return [jnp.asarray(r) for r in res]
+
+
+# name: (lhs stored shape, rhs stored shape, lhs_trans, rhs_trans, the kernel's lhs shape)
+KERNEL_FORMS = {
+    "rank2": ((7, 33), (33, 5), False, False, (7, 33)),
+    "rank2_TT": ((33, 7), (5, 33), True, True, (33, 7)),
+    "rank3": ((2, 7, 33), (2, 5, 33), False, True, (2, 7, 33)),
+    "shared_rhs_folds": ((3, 7, 33), (33, 5), False, False, (21, 33)),
+    "shared_rhs_folds_2": ((2, 3, 7, 33), (5, 33), False, True, (42, 33)),
+    "shared_rhs_lhs_trans": ((3, 33, 7), (33, 5), True, False, (3, 33, 7)),
+    "batch_axes_merge": ((2, 3, 33, 7), (2, 3, 33, 5), True, False, (6, 33, 7)),
+}
+
+
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=EPILOGUE_IDS)
+@pytest.mark.parametrize("form", list(KERNEL_FORMS))
+def test_kernel_path_buffers(form, case, rng, monkeypatch):
+    """The kernel path (``local``) on the forms the primitive gets (vmap gives rank > 3 and a
+    shared rank-2 rhs): the FFI call gets the contract's buffers and its results come back in
+    place."""
+    lshape, rshape, lt, rt, kernel_lhs = KERNEL_FORMS[form]
+    epilogue, grad_bias = case
+    emulator = ContractEmulator()
+    monkeypatch.setattr(base, "ffi_call", emulator)
+    lhs, rhs = random_like(rng, lshape, BF16), random_like(rng, rshape, BF16)
+    m = lshape[-1] if lt else lshape[-2]
+    n = rshape[-2] if rt else rshape[-1]
+    out_shape = lshape[:-2] + (m, n)
+    args = epilogue_args(
+        rng, lhs, rhs, epilogue, grad_bias, out_shape, BF16, lhs_trans=lt, rhs_trans=rt
+    )
+    absent = jnp.zeros((0,), BF16)
+    outs = gemm_mod._kernel(
+        lhs,
+        rhs,
+        args.get("bias", absent),
+        args.get("aux", absent),
+        jnp.ones((1,)),
+        jnp.ones((1,)),
+        lhs_trans=lt,
+        rhs_trans=rt,
+        epilogue=epilogue,
+        out_dtype=BF16,
+        grad_bias=grad_bias,
+        output_amax=False,
+        split_accumulator=True,
+    )
+    assert len(emulator.calls) == 1 and emulator.calls[0][0] == kernel_lhs, emulator.calls
+    check(GemmResult(*_fill(outs, dict(args, output_amax=False))), args)
+
+
+@pytest.mark.parametrize("form", ["rank2", "shared_rhs_folds", "rank3"])
+def test_kernel_path_buffers_fp8(form, rng, monkeypatch):
+    emulator = ContractEmulator()
+    monkeypatch.setattr(base, "ffi_call", emulator)
+    batch = {"rank2": (), "shared_rhs_folds": (3,), "rank3": (2,)}[form]
+    rbatch = batch if form == "rank3" else ()
+    lhs, rhs = fp8(rng, batch + (5, 32), E4M3), fp8(rng, rbatch + (16, 32), E5M2)
+    bias = random_like(rng, (16,), F16)
+    lsi, rsi = jnp.asarray([0.5], jnp.float32), jnp.asarray([1.25], jnp.float32)
+    outs = gemm_mod._kernel(
+        lhs,
+        rhs,
+        bias,
+        jnp.zeros((0,), F16),
+        lsi,
+        rsi,
+        lhs_trans=False,
+        rhs_trans=True,
+        epilogue=E.GELU_AUX,
+        out_dtype=F16,
+        grad_bias=False,
+        output_amax=True,
+        split_accumulator=False,
+    )
+    args = dict(
+        lhs=lhs,
+        rhs=rhs,
+        bias=bias,
+        lhs_scale_inv=0.5,
+        rhs_scale_inv=1.25,
+        rhs_trans=True,
+        epilogue=E.GELU_AUX,
+        out_dtype=F16,
+        output_amax=True,
+    )
+    check(GemmResult(*_fill(outs, dict(args, grad_bias=False))), args)
+    assert len(emulator.calls) == 1
+
+
+def test_kernel_path_skips_empty_problems(rng, monkeypatch):
+    emulator = ContractEmulator()
+    monkeypatch.setattr(base, "ffi_call", emulator)
+    for lshape, rshape in [((0, 16), (16, 8)), ((4, 0), (0, 8)), ((0, 4, 16), (0, 16, 8))]:
+        lhs, rhs = random_like(rng, lshape, F32), random_like(rng, rshape, F32)
+        bias = random_like(rng, (8,), F32)
+        (out,) = gemm_mod._kernel(
+            lhs,
+            rhs,
+            bias,
+            jnp.zeros((0,), F32),
+            jnp.ones((1,)),
+            jnp.ones((1,)),
+            lhs_trans=False,
+            rhs_trans=False,
+            epilogue=E.DEFAULT,
+            out_dtype=F32,
+            grad_bias=False,
+            output_amax=False,
+            split_accumulator=True,
+        )
+        check(GemmResult(out, None, None, None), dict(lhs=lhs, rhs=rhs, bias=bias))
+    assert emulator.calls == []
+
+
+# ---- trace-time checks --------------------------------------------------------------------------
+
+
+def _a(shape, dtype=F32):
+    return jnp.zeros(shape, dtype)
+
+
+ERROR_CASES = {
+    "int_lhs": (
+        dict(lhs=_a((4, 16), np.int32), rhs=_a((16, 16))),
+        TypeError,
+        r"te_jax.gemm: lhs must be float32, bfloat16, float16, float8_e4m3fn or "
+        r"float8_e5m2 .*got int32",
+    ),
+    "int_rhs": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 16), np.int8)),
+        TypeError,
+        r"te_jax.gemm: rhs must be .*got int8",
+    ),
+    "mixed_dtypes": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 16), BF16)),
+        TypeError,
+        r"lhs and rhs must have the same dtype, or both be FP8; got lhs float32 "
+        r"and rhs bfloat16",
+    ),
+    "fp8_with_bf16": (
+        dict(lhs=_a((4, 16), E4M3), rhs=_a((16, 16), BF16), rhs_trans=True, out_dtype=BF16),
+        TypeError,
+        r"got lhs float8_e4m3fn and rhs bfloat16",
+    ),
+    "e5m2_x_e5m2": (
+        dict(lhs=_a((4, 16), E5M2), rhs=_a((16, 16), E5M2), rhs_trans=True, out_dtype=BF16),
+        TypeError,
+        r"float8_e5m2 lhs with float8_e5m2 rhs is not supported",
+    ),
+    "rank1": (
+        dict(lhs=_a((16,)), rhs=_a((16, 4))),
+        ValueError,
+        r"te_jax.gemm: lhs must have rank 2 \(M, K\) or 3 \(B, M, K\), got shape \(16,\)",
+    ),
+    "rank4": (
+        dict(lhs=_a((2, 2, 4, 16)), rhs=_a((2, 2, 16, 4)), lhs_trans=True),
+        ValueError,
+        r"lhs must have rank 2 \(K, M\) or 3 \(B, K, M\), got shape \(2, 2, 4, 16\)",
+    ),
+    "rank_mismatch": (
+        dict(lhs=_a((2, 4, 16)), rhs=_a((16, 4))),
+        ValueError,
+        r"rhs must have lhs's rank 3 \(B, K, N\), got shape \(16, 4\)",
+    ),
+    "batch_mismatch": (
+        dict(lhs=_a((2, 4, 16)), rhs=_a((3, 16, 4))),
+        ValueError,
+        r"the same batch B \(axis 0\), got lhs \(2, 4, 16\) and rhs \(3, 16, 4\)",
+    ),
+    "contracting": (
+        dict(lhs=_a((4, 16)), rhs=_a((4, 17)), rhs_trans=True),
+        ValueError,
+        r"the contracting dimensions differ: lhs \(4, 16\) \(M, K\) has K = 16, rhs "
+        r"\(4, 17\) \(N, K\) has K = 17",
+    ),
+    "fp8_layout": (
+        dict(lhs=_a((4, 16), E4M3), rhs=_a((16, 16), E4M3), out_dtype=BF16),
+        ValueError,
+        r"FP8 operands need lhs_trans=False and rhs_trans=True .*got "
+        r"lhs_trans=False, rhs_trans=False",
+    ),
+    "fp8_k": (
+        dict(lhs=_a((4, 24), E4M3), rhs=_a((16, 24), E4M3), rhs_trans=True, out_dtype=BF16),
+        ValueError,
+        r"FP8 GEMMs need K to be a multiple of 16, got "
+        r"K = 24",
+    ),
+    "fp8_n": (
+        dict(lhs=_a((4, 16), E4M3), rhs=_a((8, 16), E4M3), rhs_trans=True, out_dtype=BF16),
+        ValueError,
+        r"need N to be a multiple of 16, got N = 8",
+    ),
+    "fp8_no_out_dtype": (
+        dict(lhs=_a((4, 16), E4M3), rhs=_a((16, 16), E4M3), rhs_trans=True),
+        TypeError,
+        r"out_dtype is required for FP8 operands",
+    ),
+    "fp8_out_fp8": (
+        dict(lhs=_a((4, 16), E4M3), rhs=_a((16, 16), E4M3), rhs_trans=True, out_dtype=E4M3),
+        TypeError,
+        r"out_dtype must be float32, bfloat16 or float16, got float8_e4m3fn",
+    ),
+    "out_dtype": (
+        dict(lhs=_a((4, 16), BF16), rhs=_a((16, 8), BF16), out_dtype=F32),
+        TypeError,
+        r"out_dtype must be the operands' dtype bfloat16 for a non-FP8 GEMM, got "
+        r"float32",
+    ),
+    "bias_shape": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), bias=_a((4,))),
+        ValueError,
+        r"bias must have shape \(8,\) \(N,\), got \(4,\)",
+    ),
+    "bias_dtype": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), bias=_a((8,), BF16)),
+        TypeError,
+        r"bias must have out_dtype float32, got bfloat16",
+    ),
+    "aux_shape": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), aux=_a((8, 4)), epilogue=E.DGELU),
+        ValueError,
+        r"aux must have shape \(4, 8\) \(out's shape\), got \(8, 4\)",
+    ),
+    "aux_dtype": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), aux=_a((4, 8), F16), epilogue=E.DGELU),
+        TypeError,
+        r"aux must have out_dtype float32, got "
+        r"float16",
+    ),
+    "dgelu_no_aux": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), epilogue=E.DGELU),
+        ValueError,
+        r"epilogue GemmEpilogue.DGELU needs aux",
+    ),
+    "dgelu_bias": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), aux=_a((4, 8)), bias=_a((8,)), epilogue=E.DGELU),
+        ValueError,
+        r"epilogue GemmEpilogue.DGELU takes no bias",
+    ),
+    "aux_without_dgelu": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), aux=_a((4, 8)), epilogue=E.GELU_AUX),
+        ValueError,
+        r"aux is the input of epilogue GemmEpilogue.DGELU; epilogue "
+        r"GemmEpilogue.GELU_AUX takes none",
+    ),
+    "grad_bias_without_dgelu": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), grad_bias=True),
+        ValueError,
+        r"grad_bias=True needs epilogue GemmEpilogue.DGELU"
+        r".*got epilogue GemmEpilogue.DEFAULT",
+    ),
+    "amax_not_fp8": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), output_amax=True),
+        ValueError,
+        r"output_amax=True is only for FP8 operands .*got float32 operands",
+    ),
+    "bad_epilogue_name": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), epilogue="swiglu"),
+        ValueError,
+        r"epilogue must be a GemmEpilogue .*got 'swiglu'",
+    ),
+    "bad_epilogue": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), epilogue=7),
+        ValueError,
+        r"epilogue must be a GemmEpilogue \(DEFAULT, GELU_AUX, RELU, DGELU, GELU\), "
+        r"got 7",
+    ),
+    "scale_not_fp8": (
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), lhs_scale_inv=_a((1,))),
+        ValueError,
+        r"lhs_scale_inv is only for FP8 operands",
+    ),
+    "scale_dtype": (
+        dict(
+            lhs=_a((4, 16), E4M3),
+            rhs=_a((16, 16), E4M3),
+            rhs_trans=True,
+            out_dtype=BF16,
+            rhs_scale_inv=_a((1,), BF16),
+        ),
+        TypeError,
+        r"rhs_scale_inv must be float32, got bfloat16",
+    ),
+    "scale_shape": (
+        dict(
+            lhs=_a((4, 16), E4M3),
+            rhs=_a((16, 16), E4M3),
+            rhs_trans=True,
+            out_dtype=BF16,
+            lhs_scale_inv=_a((2,)),
+        ),
+        ValueError,
+        r"lhs_scale_inv must be a scalar or of shape \(1,\), got shape \(2,\)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ERROR_CASES))
+def test_errors(name):
+    kwargs, exc, match = ERROR_CASES[name]
+    with pytest.raises(exc, match=match) as info:
+        bind_gemm(**kwargs)
+    assert str(info.value).startswith("te_jax.gemm: "), str(info.value)
+    # the same check at trace time, under jit
+    arrays = {k: v for k, v in kwargs.items() if k in _ARRAY_ARGS}
+    static = {k: v for k, v in kwargs.items() if k not in _ARRAY_ARGS}
+    with pytest.raises(exc, match=match):
+        jax.jit(lambda a: bind_gemm(**a, **static))(arrays)
