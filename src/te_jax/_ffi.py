@@ -34,11 +34,32 @@ def _register_all() -> None:
         except ImportError as e:
             _load_errors[platform] = str(e)
             continue
+        if platform == "cuda":
+            _point_to_cublaslt(module)
         registrations = module.registrations()
         for name, target in registrations.items():
             jax.ffi.register_ffi_target(name, target, platform=xla_platform, api_version=1)
         _registered.add(platform)
         _targets[platform] = frozenset(registrations)
+
+
+def _point_to_cublaslt(module) -> None:
+    """Tells te_jax_gemm where the nvidia-cublas wheel's libcublasLt is, in case jax's CUDA
+    plugin has not loaded one when the first GEMM runs (it normally has: te_jax then uses that
+    same copy). Nothing is loaded here: a CPU-only machine never touches cuBLASLt."""
+    import importlib.util  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    try:
+        spec = importlib.util.find_spec("nvidia.cu13")
+    except (ImportError, ValueError):
+        return
+    roots = (spec.submodule_search_locations or ()) if spec is not None else ()
+    for root in roots:
+        path = os.path.join(root, "lib", "libcublasLt.so.13")
+        if os.path.exists(path):
+            module.set_cublaslt_path(path)
+            return
 
 
 def _canonical(platform: str | None) -> str:
