@@ -86,9 +86,15 @@ def expect(
     epilogue=E.DEFAULT,
     out_dtype=None,
     grad_bias=False,
+    kernel=False,
     **_,
 ):
-    """{name: (float64 reference, allowed error)} for out, aux, dbias (what was asked for)."""
+    """{name: (float64 reference, allowed error)} for out, aux, dbias (what was asked for).
+
+    ``kernel``: the bound of cuBLASLt's kernel path, which (measured on an H100) rounds the
+    float32 accumulator to a 16-bit output's dtype before adding the bias (half an ulp of acc
+    more), and evaluates gelu / gelu' within 2^-18·|h| / 2^-16 (absolute, on gelu') of exact:
+    bounded here with a factor of 2 to spare."""
     L, R = math_form(lhs, lhs_trans), math_form(rhs, rhs_trans)
     out_dt = np.dtype(out_dtype or np.asarray(lhs).dtype)
     s = _scalar(lhs_scale_inv) * _scalar(rhs_scale_inv)
@@ -99,18 +105,21 @@ def expect(
     h = acc + b
     acc_err = (k + 2) * 2.0**-23 * (mag + np.abs(b))
     epilogue = E(epilogue)
+    fi = ml_dtypes.finfo(out_dt)
+    eps, tiny = float(fi.eps), float(fi.smallest_subnormal)
+    if kernel and bias is not None and out_dt.itemsize == 2:
+        acc_err = acc_err + 0.5 * eps * np.abs(acc)
+    gelu_err, dgelu_err = (2.0**-17, 2.0**-15) if kernel else (2.0**-20, 2.0**-20)
     if epilogue == E.DGELU:
         y = acc * f64.gelu(np.asarray(aux).astype(np.float64))[1]
-        err = 1.13 * acc_err + 2.0**-20 * np.abs(acc)
+        err = 1.13 * acc_err + dgelu_err * np.abs(acc)
     elif epilogue in (E.GELU, E.GELU_AUX):
         y = f64.gelu(h)[0]
-        err = 1.13 * acc_err + 2.0**-20 * np.abs(h)
+        err = 1.13 * acc_err + gelu_err * np.abs(h)
     elif epilogue == E.RELU:
         y, err = f64.relu(h)[0], acc_err
     else:
         y, err = h, acc_err
-    fi = ml_dtypes.finfo(out_dt)
-    eps, tiny = float(fi.eps), float(fi.smallest_subnormal)
     ulps = 1 if epilogue == E.DEFAULT else 2
     want = {"out": (y, err + ulps * (eps * np.abs(y) + tiny))}
     if epilogue == E.GELU_AUX:
@@ -124,10 +133,11 @@ def expect(
     return want
 
 
-def check(result: GemmResult, args: dict, what=""):
-    """Every returned field against ``expect`` (and amax against out)."""
+def check(result: GemmResult, args: dict, what="", kernel=KERNEL):
+    """Every returned field against ``expect`` (and amax against out); ``kernel``: whether the
+    result may come from the kernel (its bound, ``expect``)."""
     out_dt = np.dtype(args.get("out_dtype") or np.asarray(args["lhs"]).dtype)
-    want = expect(**args)
+    want = expect(**args, kernel=kernel)
     for name in ("out", "aux", "dbias"):
         got = getattr(result, name)
         if name not in want:
@@ -182,7 +192,7 @@ def test_layouts_and_bias(dtype, trans, with_bias, impl, rng):
     args = dict(lhs=lhs, rhs=rhs, lhs_trans=trans[0], rhs_trans=trans[1])
     if with_bias:
         args["bias"] = random_like(rng, (n,), dtype)
-    check(call(args, impl), args)
+    check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
 EPILOGUE_CASES = [
@@ -218,7 +228,7 @@ def test_epilogues(case, dtype, impl, rng):
     args = epilogue_args(
         rng, lhs, rhs, epilogue, grad_bias, (m, n), dtype, lhs_trans=trans[0], rhs_trans=trans[1]
     )
-    check(call(args, impl), args)
+    check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
@@ -249,8 +259,10 @@ def test_gelu_aux_is_the_rounded_pre_activation(dtype, impl, rng):
             split_accumulator=True,
         )[1]
     )
-    if runs_kernel(impl):
-        bound = expect(**args)["out"][1]
+    if runs_kernel(impl) or jax.default_backend() != "cpu":
+        # Two GEMMs agree only within the bound where the backend may pick different algorithms
+        # for them (cuBLASLt, XLA:GPU's autotuner); XLA:CPU computes both the same way.
+        bound = expect(**args, kernel=True)["out"][1]
         assert_within(aux.astype(np.float64), h.astype(np.float64), 2 * bound, "aux vs h")
     else:
         np.testing.assert_array_equal(aux, h)
@@ -276,7 +288,7 @@ def test_fp8(pair, out_dtype, impl, rng):
         out_dtype=out_dtype,
         output_amax=True,
     )
-    check(call(args, impl), args)
+    check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
@@ -299,7 +311,7 @@ def test_fp8_epilogues(case, impl, rng):
         rhs_scale_inv=jnp.float32(3.0),
         output_amax=True,
     )
-    check(call(args, impl), args)
+    check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
 def test_fp8_fast_accumulation(rng):
@@ -347,7 +359,7 @@ def test_rank3_batched(case, dtype, impl, rng):
         lhs_trans=trans[0],
         rhs_trans=trans[1],
     )
-    check(call(args, impl), args)
+    check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
@@ -364,7 +376,7 @@ def test_rank3_fp8_with_amax(impl, rng):
         epilogue=E.GELU_AUX,
         bias=random_like(rng, (n,), F16),
     )
-    check(call(args, impl), args)
+    check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
 ZERO_SHAPES = [((), 0, 8, 5), ((), 6, 0, 5), ((), 6, 8, 0), ((0,), 4, 8, 5), ((2,), 0, 3, 4)]
@@ -381,7 +393,7 @@ def test_zero_sizes(shape, case, impl, rng):
     epilogue, grad_bias = case
     lhs, rhs = random_operands(rng, m, k, n, BF16, batch=batch, lhs_trans=True)
     args = epilogue_args(rng, lhs, rhs, epilogue, grad_bias, batch + (m, n), BF16, lhs_trans=True)
-    check(call(args, impl), args)
+    check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
@@ -616,7 +628,7 @@ def test_vmap(name, impl, rng):
             ref = single(*a)
             res = GemmResult(*(_fill(got, static)))
             check(res, kw, f"{name}{index} ")
-            want = expect(**kw)
+            want = expect(**kw, kernel=KERNEL)
             for gname, g_, r_ in zip(
                 ("out", "aux", "dbias"), res[:3], _fill(ref, static)[:3], strict=True
             ):

@@ -36,7 +36,7 @@ struct GemmProblem {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   bool lhs_trans = false, rhs_trans = false;
   GemmEpilogue epilogue = GemmEpilogue::DEFAULT;
-  bool grad_bias = false, output_amax = false, split_accumulator = true;
+  bool grad_bias = false, split_accumulator = true;
 
   const void* lhs = nullptr;
   const void* rhs = nullptr;
@@ -47,7 +47,6 @@ struct GemmProblem {
   void* out = nullptr;
   void* aux_out = nullptr;  // GELU_AUX's h
   void* dbias = nullptr;    // DGELU with grad_bias
-  float* amax = nullptr;    // output_amax
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
@@ -116,7 +115,7 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
   p.rhs_type = rhs.element_type();
   p.out_type = out->element_type();
   p.lhs_trans = lhs_trans, p.rhs_trans = rhs_trans, p.epilogue = epilogue;
-  p.grad_bias = grad_bias, p.output_amax = output_amax, p.split_accumulator = split_accumulator;
+  p.grad_bias = grad_bias, p.split_accumulator = split_accumulator;
 
   const bool fp8 = GemmProblem::is_fp8(p.lhs_type);
   if (fp8) {
@@ -140,8 +139,11 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
       return invalid(op, std::string("lhs, rhs and out must share one dtype, got ") +
                              gemm_dtype_name(p.lhs_type) + ", " + gemm_dtype_name(p.rhs_type) +
                              ", " + gemm_dtype_name(p.out_type));
-    if (output_amax) return invalid(op, "output_amax is for FP8 GEMMs only");
   }
+  if (output_amax)
+    return invalid(op, "output_amax: cuBLASLt computes AMAX_D only for FP8 outputs, and "
+                       "te_jax_gemm's outputs are float32, bfloat16 or float16 (te_jax's GEMM "
+                       "primitive reduces the output instead)");
 
   int64_t lb, lr, lc, rb, rr, rc, ob, orow, ocol;
   if (!detail::matrix_dims(lhs, lb, lr, lc) || !detail::matrix_dims(rhs, rb, rr, rc) ||
@@ -177,6 +179,9 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
       return invalid(op, "bias must be (" + std::to_string(p.n) + ",) in out's dtype, got " +
                              dims_str(bias.dimensions()) + " " +
                              gemm_dtype_name(bias.element_type()));
+    if (fp8 && p.out_type == ffi::DataType::F32)
+      return invalid(op, "cuBLASLt's FP8 GEMM has no bias epilogue with a float32 output (te_jax's "
+                         "GEMM primitive adds that bias itself)");
     p.bias = bias.untyped_data();
   }
   const bool dgelu = epilogue == GemmEpilogue::DGELU;
@@ -212,13 +217,7 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
   } else if (dbias->element_count() != 0) {
     return invalid(op, "dbias must be empty unless grad_bias");
   }
-  if (output_amax) {
-    if (amax->element_type() != ffi::DataType::F32 || amax->element_count() != 1)
-      return invalid(op, count_error("amax (float32)", 1, *amax));
-    p.amax = static_cast<float*>(amax->untyped_data());
-  } else if (amax->element_count() != 0) {
-    return invalid(op, "amax must be empty unless output_amax");
-  }
+  if (amax->element_count() != 0) return invalid(op, "amax must be empty (shape (0,))");
   if (lhs_scale_inv.element_type() != ffi::DataType::F32 || lhs_scale_inv.element_count() != 1 ||
       rhs_scale_inv.element_type() != ffi::DataType::F32 || rhs_scale_inv.element_count() != 1)
     return invalid(op, "lhs_scale_inv and rhs_scale_inv must be float32 (1,)");

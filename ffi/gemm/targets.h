@@ -7,7 +7,8 @@
 //         with rhs_trans; bias (N,) in out's dtype or (0,); aux_in (B?, M, N) (DGELU) or (0,);
 //         lhs_scale_inv f32[1]; rhs_scale_inv f32[1] (FP8 dequantization scales; 1 otherwise)
 //   rets  out (B?, M, N); aux_out (B?, M, N) for GELU_AUX or (0,); dbias (N,) for grad_bias or
-//         (0,); amax f32[1] for output_amax or (0,); workspace u8[bytes] (cuBLASLt's)
+//         (0,); amax (0,) (cuBLASLt computes AMAX_D only for FP8 outputs: output_amax
+//         is rejected, te_jax.primitives.gemm reduces the output); workspace u8[bytes]
 //   attrs lhs_trans, rhs_trans (bool), epilogue (GemmEpilogue, int64), grad_bias, output_amax,
 //         split_accumulator (bool)
 // Operands are f32 / bf16 / f16 (out the same dtype) or FP8 (E4M3 x E4M3, E4M3 x E5M2,

@@ -74,13 +74,13 @@ struct AlgoKey {
   int64_t batch, m, n, k;
   bool lhs_trans, rhs_trans;
   int epilogue;
-  bool bias, amax, fast_accum;
+  bool bias, fast_accum;
   size_t workspace_bytes;
   uint32_t align_lhs, align_rhs, align_out;
 
   auto tie() const {
     return std::tie(device, lhs_type, rhs_type, out_type, batch, m, n, k, lhs_trans, rhs_trans,
-                    epilogue, bias, amax, fast_accum, workspace_bytes, align_lhs, align_rhs,
+                    epilogue, bias, fast_accum, workspace_bytes, align_lhs, align_rhs,
                     align_out);
   }
   bool operator<(const AlgoKey& o) const { return tie() < o.tie(); }
@@ -149,7 +149,6 @@ ffi::Error describe(const CublasLt& lt, const char* op, const GemmProblem& p, De
     TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.lhs_scale_inv), "set B_SCALE");
     const int8_t fast = p.split_accumulator ? 0 : 1;
     TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast), "set FAST_ACCUM");
-    if (p.amax) TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.amax), "set AMAX_D");
   }
 
   // Column-major layouts (rows, cols, ld) of A = rhs, B = lhs, C = D = out.
@@ -177,7 +176,7 @@ ffi::Error describe(const CublasLt& lt, const char* op, const GemmProblem& p, De
 AlgoKey key_of(int device, const GemmProblem& p) {
   return AlgoKey{device, static_cast<int>(p.lhs_type), static_cast<int>(p.rhs_type),
                  static_cast<int>(p.out_type), p.batch, p.m, p.n, p.k, p.lhs_trans, p.rhs_trans,
-                 static_cast<int>(lt_epilogue(p)), p.bias != nullptr, p.amax != nullptr,
+                 static_cast<int>(lt_epilogue(p)), p.bias != nullptr,
                  !p.split_accumulator, p.workspace_bytes, alignment(p.lhs), alignment(p.rhs),
                  alignment(p.out)};
 }
@@ -197,6 +196,10 @@ ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_lhs), "set ALIGNMENT_B");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out), "set ALIGNMENT_C");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out), "set ALIGNMENT_D");
+  // Split-K partial sums stay in float32 (never rounded to the output's dtype in between): the
+  // product is accumulated in float32 and rounded once (docs/numerics.md §8).
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions), "set REDUCTION_SCHEME");
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
   TE_JAX_LT(lt.heuristic(handle, &ds.op, &ds.a, &ds.b, &ds.c, &ds.d, &pref, 1, &result, &found),
@@ -240,8 +243,7 @@ ffi::Error prepare(const CublasLt& lt, const char* op, const GemmProblem& p, Des
 // Zero-size problems never reach cuBLASLt: only the reductions' results need writing.
 ffi::Error run_empty(const char* op, const GemmProblem& p, cudaStream_t stream) {
   cudaError_t e = cudaSuccess;
-  if (p.amax) e = cudaMemsetAsync(p.amax, 0, sizeof(float), stream);  // max of nothing: 0
-  if (e == cudaSuccess && p.dbias && p.n > 0)
+  if (p.dbias && p.n > 0)
     e = cudaMemsetAsync(p.dbias, 0, p.n * type_bytes(p.out_type), stream);  // sum of nothing
   if (e != cudaSuccess)
     return ffi::Error::Internal(std::string(op) + ": " + cudaGetErrorString(e));
