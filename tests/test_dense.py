@@ -24,6 +24,7 @@ import pytest
 import dense_oracle as do
 import te_jax
 from helpers import ACT_BY_ALIAS, ACTS, DTYPE_IDS, DTYPES, Act, input_range, make_dz, np_dtype
+from te_jax.dispatch import environment_implementation
 from te_jax.quantize import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
@@ -32,6 +33,13 @@ from te_jax.quantize import (
 )
 from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
 from test_activation import CLAMPED, CUSTOM
+
+# Where te_jax's CUDA GEMM runs, the oracle takes its measured rounding (dense_oracle.KERNEL_GEMM).
+do.KERNEL_GEMM = (
+    jax.default_backend() == "gpu"
+    and te_jax._ffi.target_available("te_jax_gemm", "cuda")
+    and environment_implementation() != "xla"
+)
 
 IMPLS = (None, "xla")  # te_jax's kernels where there are some (CPU: act_lu), and pure JAX
 BOTH = QuantizeLayout.ROWWISE_COLWISE

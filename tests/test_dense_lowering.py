@@ -26,6 +26,14 @@ _CALL = re.compile(
 _RESHAPE_OPS = re.compile(r"^\s*%?\S+ = (?P<type>\S+) (?P<op>transpose|copy)\(", re.M)
 
 
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?P<type>[^\s(]+)", re.M)
+
+
+def _types(hlo: str) -> dict[str, str]:
+    """HLO instruction (or parameter) name -> its result type, e.g. ``f8e4m3fn[256,512]{1,0}``."""
+    return {m["name"]: m["type"] for m in _DEF.finditer(hlo)}
+
+
 def _hlo(fn, *args) -> str:
     return jax.jit(fn).lower(*args).compile().as_text()
 
@@ -63,8 +71,11 @@ def test_fp8_gemms_take_quantized_operands_without_transposes(recipe):
     hlo = _hlo(jax.grad(loss, argnums=(0, 1, 2, 3)), x, w, b, qs)
     gemms = [m for m in _CALL.finditer(hlo) if m["target"] == "te_jax_gemm"]
     assert len(gemms) == 3, _targets(hlo)  # forward, dgrad, wgrad
-    for g in gemms:  # the compiled HLO prints each operand with its type
-        assert g["args"].count("f8e") >= 2, f"not an FP8 GEMM: {g.group(0)}"
+    types = _types(hlo)
+    for g in gemms:  # lhs and rhs are FP8 arrays
+        operands = [a.strip().split()[-1].lstrip("%") for a in g["args"].split(",")[:2]]
+        kinds = [types.get(o, "?") for o in operands]
+        assert all(t.startswith("f8e") for t in kinds), f"not an FP8 GEMM: {operands} {kinds}"
     moved = [
         m.group(0)
         for m in _RESHAPE_OPS.finditer(hlo)

@@ -109,6 +109,10 @@ def expect(
     eps, tiny = float(fi.eps), float(fi.smallest_subnormal)
     if kernel and bias is not None and out_dt.itemsize == 2:
         acc_err = acc_err + 0.5 * eps * np.abs(acc)
+    if kernel and np.dtype(np.asarray(lhs).dtype).itemsize == 1:
+        # Hopper's FP8 tensor cores accumulate each block of K in reduced precision before the
+        # float32 promotion: 2^-13.7·Σ|a||b| seen on an H100, bounded with 2^-12.
+        acc_err = acc_err + 2.0**-12 * mag
     gelu_err, dgelu_err = (2.0**-17, 2.0**-15) if kernel else (2.0**-20, 2.0**-20)
     if epilogue == E.DGELU:
         y = acc * f64.gelu(np.asarray(aux).astype(np.float64))[1]
@@ -129,6 +133,8 @@ def expect(
         rows = int(np.prod(y.shape[:-1]))
         dbias = y.sum(axis=axes)
         bound = err.sum(axis=axes) + rows * 2.0**-23 * np.abs(y).sum(axis=axes)
+        if kernel:  # cuBLASLt's BGRAD sums the outputs rounded to out_dtype
+            bound = bound + eps * np.abs(y).sum(axis=axes)
         want["dbias"] = (dbias, bound + eps * np.abs(dbias) + tiny)
     return want
 
@@ -852,7 +858,7 @@ def test_kernel_path_buffers(form, case, rng, monkeypatch):
         split_accumulator=True,
     )
     assert len(emulator.calls) == 1 and emulator.calls[0][0] == kernel_lhs, emulator.calls
-    check(GemmResult(*_fill(outs, dict(args, output_amax=False))), args)
+    check(GemmResult(*_fill(outs, dict(args, output_amax=False))), args, kernel=True)
 
 
 @pytest.mark.parametrize("form", ["rank2", "shared_rhs_folds", "rank3"])
@@ -890,7 +896,7 @@ def test_kernel_path_buffers_fp8(form, rng, monkeypatch):
         out_dtype=F16,
         output_amax=True,
     )
-    check(GemmResult(*_fill(outs, dict(args, grad_bias=False))), args)
+    check(GemmResult(*_fill(outs, dict(args, grad_bias=False))), args, kernel=True)
     assert len(emulator.calls) == 1
 
 

@@ -127,7 +127,13 @@ def dense(
       ``y``: ``(..., *F)`` (gated: ``(..., N)``) in x's dtype.
     """
     cfg, kernel, bias, quantizer_set = _prepare(
-        x, kernel, bias, activation_type, quantizer_set, act_params, contracting_dims,
+        x,
+        kernel,
+        bias,
+        activation_type,
+        quantizer_set,
+        act_params,
+        contracting_dims,
         implementation,
     )
     if cfg.dtype == np.float64:
@@ -139,7 +145,9 @@ def _dense_float64(x, kernel, bias, cfg: _Config):
     """float64 (with ``jax_enable_x64``): the pure-JAX path in float64, differentiated by JAX."""
     n = len(cfg.contract)
     h = jax.lax.dot_general(
-        x, kernel, ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())),
+        x,
+        kernel,
+        ((tuple(range(x.ndim - n, x.ndim)), tuple(range(n))), ((), ())),
         precision=jax.lax.Precision.HIGHEST,
     )
     if bias is not None:
@@ -162,9 +170,9 @@ def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims,
 
     n_c = _check_contracting(where, contracting_dims, len(x_shape), jnp.ndim(kernel))
     k_shape = tuple(jnp.shape(kernel))
-    if x_shape[len(x_shape) - n_c:] != k_shape[:n_c]:
+    if x_shape[len(x_shape) - n_c :] != k_shape[:n_c]:
         raise ValueError(
-            f"{where}: x's contracting axes {x_shape[len(x_shape) - n_c:]} (x shape {x_shape}) "
+            f"{where}: x's contracting axes {x_shape[len(x_shape) - n_c :]} (x shape {x_shape}) "
             f"must equal the kernel's {k_shape[:n_c]} (kernel shape {k_shape})"
         )
     features = k_shape[n_c:]
@@ -209,7 +217,13 @@ def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims,
 
     kernel_gemm = _gemm_on_kernel(where, impl, dtype)
     cfg = _Config(
-        act, params, bias is not None, k_shape[:n_c], features, np.dtype(dtype), impl,
+        act,
+        params,
+        bias is not None,
+        k_shape[:n_c],
+        features,
+        np.dtype(dtype),
+        impl,
         kernel_gemm,
     )
     return cfg, kernel, bias, qs
@@ -359,8 +373,14 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
     if not residuals:
         return _unflatten_y(y, ops, cfg), None
     new_qs = QuantizerSet(x=new_x, kernel=new_k, grad=qs.grad)
-    return _unflatten_y(y, ops, cfg), (qx, qk, act_in, x if isinstance(x, ScaledTensor) else None,
-                                      new_qs, qs)
+    return _unflatten_y(y, ops, cfg), (
+        qx,
+        qk,
+        act_in,
+        x if isinstance(x, ScaledTensor) else None,
+        new_qs,
+        qs,
+    )
 
 
 def _unflatten_y(y, ops: _Operands, cfg: _Config):
@@ -383,8 +403,11 @@ def _quantize_operands(x, k2, qs: QuantizerSet, ops: _Operands, cfg: _Config, re
             )
         qx, new_x = x, qs.x
     else:
-        qx = quantize(x.reshape(ops.m, ops.k), qs.with_layout("x", _BOTH if residuals else _ROW),
-                      implementation=impl)
+        qx = quantize(
+            x.reshape(ops.m, ops.k),
+            qs.with_layout("x", _BOTH if residuals else _ROW),
+            implementation=impl,
+        )
         new_x = _updated(qs.x, qx)
     qk = quantize(k2, qs.with_layout("kernel", _BOTH if residuals else _COL), implementation=impl)
     return qx, qk, new_x, _updated(qs.kernel, qk)
@@ -395,8 +418,7 @@ def _updated(q, st: ScaledTensor):
     return q.update(st.amax) if hasattr(q, "update") else q
 
 
-def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n,
-                    grad_bias=False):
+def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n, grad_bias=False):
     """``out (m, n) = deq(a) (m, k) · deq(b)ᵀ``-style product of two quantized tensors, where
     ``a``'s ``a_copy`` holds the lhs as ``(m, k)`` and ``b``'s ``b_copy`` holds the rhs as
     ``(n, k)`` (the FP8 "TN" form): tensor scaling on the FP8 GEMM, MXFP8 on the dequantized
@@ -408,17 +430,40 @@ def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n,
             # cuBLASLt's FP8 GEMM cannot take this shape: the same product in float32.
             lhs = formats.to_float32(lhs) * ls[0]
             rhs = formats.to_float32(rhs) * rs[0]
-            r = bind_gemm(lhs, rhs, None if bias is None else bias.astype(jnp.float32),
-                          rhs_trans=True, epilogue=ep, implementation="ffi")
-            return r._replace(out=r.out.astype(out_dtype),
-                              aux=None if r.aux is None else r.aux.astype(out_dtype))
-        return bind_gemm(lhs, rhs, bias, lhs_scale_inv=ls, rhs_scale_inv=rs, rhs_trans=True,
-                         epilogue=ep, out_dtype=out_dtype, implementation=_gemm_impl(cfg))
+            r = bind_gemm(
+                lhs,
+                rhs,
+                None if bias is None else bias.astype(jnp.float32),
+                rhs_trans=True,
+                epilogue=ep,
+                implementation="ffi",
+            )
+            return r._replace(
+                out=r.out.astype(out_dtype), aux=None if r.aux is None else r.aux.astype(out_dtype)
+            )
+        return bind_gemm(
+            lhs,
+            rhs,
+            bias,
+            lhs_scale_inv=ls,
+            rhs_scale_inv=rs,
+            rhs_trans=True,
+            epilogue=ep,
+            out_dtype=out_dtype,
+            implementation=_gemm_impl(cfg),
+        )
     # MXFP8: dequantize each copy (exact in the input dtype) and multiply in it.
     lhs, lhs_t = _mx_operand(a, a_copy, m, k, out_dtype)
     rhs, rhs_t = _mx_operand(b, b_copy, n, k, out_dtype)
-    return bind_gemm(lhs, rhs, bias, lhs_trans=lhs_t, rhs_trans=not rhs_t, epilogue=ep,
-                     implementation=_gemm_impl(cfg))
+    return bind_gemm(
+        lhs,
+        rhs,
+        bias,
+        lhs_trans=lhs_t,
+        rhs_trans=not rhs_t,
+        epilogue=ep,
+        implementation=_gemm_impl(cfg),
+    )
 
 
 def _tn_operand(st: ScaledTensor, copy: str, rows: int, k: int):
@@ -448,17 +493,23 @@ def _backward(cfg: _Config, res, dy):
         dh, dbias = _dact(dy2, act_in, cfg, ops, quantizer=None)
         dx = bind_gemm(dh, k2, rhs_trans=True, implementation=_gemm_impl(cfg)).out
         dk = bind_gemm(x2, dh, lhs_trans=True, implementation=_gemm_impl(cfg)).out
-        return dx.reshape(_x_shape(ops, cfg)), dk.reshape(_k_shape(ops, cfg)), \
-            _bias_ct(dbias, cfg), None
+        return (
+            dx.reshape(_x_shape(ops, cfg)),
+            dk.reshape(_k_shape(ops, cfg)),
+            _bias_ct(dbias, cfg),
+            None,
+        )
     qx, qk = a_res, b_res
     grad_q = qs.with_layout("grad", _BOTH)
     dh_q, dbias = _dact(dy2, act_in, cfg, ops, quantizer=grad_q)
     new_qs = QuantizerSet(x=new_qs.x, kernel=new_qs.kernel, grad=_updated(qs.grad, dh_q))
     z = GemmEpilogue.DEFAULT
-    dx = _quantized_gemm(dh_q, "rowwise", qk, "rowwise", None, z, cfg.dtype, cfg,
-                         ops.m, ops.f, ops.k).out
-    dk = _quantized_gemm(qx, "colwise", dh_q, "colwise", None, z, cfg.dtype, cfg,
-                         ops.k, ops.m, ops.f).out
+    dx = _quantized_gemm(
+        dh_q, "rowwise", qk, "rowwise", None, z, cfg.dtype, cfg, ops.m, ops.f, ops.k
+    ).out
+    dk = _quantized_gemm(
+        qx, "colwise", dh_q, "colwise", None, z, cfg.dtype, cfg, ops.k, ops.m, ops.f
+    ).out
     dk = dk.reshape(_k_shape(ops, cfg))
     if quantized_x is not None:
         x_ct = cotangent_from_gradient(quantized_x, dx)
@@ -491,11 +542,18 @@ def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
             return dy2, dbias
         return quantize(dy2, quantizer, implementation=impl), dbias
     # act_in is h, or for the ReLU epilogue y, whose sign is h's: relu'(y) == relu'(h).
-    x_act = act_in.reshape((ops.m,) + (cfg.out_features if _epilogue(cfg) is GemmEpilogue.RELU
-                                       else cfg.features))
-    dh, dbias = quantize_dact_dbias(dy2, x_act, cfg.act, is_dbias=cfg.has_bias,
-                                    quantizer=quantizer, act_params=cfg.params,
-                                    implementation=impl)
+    x_act = act_in.reshape(
+        (ops.m,) + (cfg.out_features if _epilogue(cfg) is GemmEpilogue.RELU else cfg.features)
+    )
+    dh, dbias = quantize_dact_dbias(
+        dy2,
+        x_act,
+        cfg.act,
+        is_dbias=cfg.has_bias,
+        quantizer=quantizer,
+        act_params=cfg.params,
+        implementation=impl,
+    )
     if quantizer is None:
         dh = dh.reshape(ops.m, ops.f)
     return dh, dbias

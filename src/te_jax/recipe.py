@@ -167,9 +167,7 @@ class MXFP8BlockScaling(Recipe):
     fp8_format: str = "E4M3"
 
     def __post_init__(self):
-        object.__setattr__(
-            self, "fp8_format", _check_format("MXFP8BlockScaling", self.fp8_format)
-        )
+        object.__setattr__(self, "fp8_format", _check_format("MXFP8BlockScaling", self.fp8_format))
 
     def make_quantizer(self, role: str) -> Quantizer:
         dtype = self.grad_dtype if role == "grad" else self.forward_dtype

@@ -241,18 +241,41 @@ def _kernel(
         return reference_results(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, **params)
     if output_amax:
         # cuBLASLt's AMAX_D exists only for FP8 outputs (te_jax's are 16/32-bit): one reduction.
-        outs = _kernel(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv,
-                       **dict(params, output_amax=False))
+        outs = _kernel(
+            lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, **dict(params, output_amax=False)
+        )
         return outs + [jnp.max(jnp.abs(formats.to_float32(outs[0])), initial=0.0).reshape(1)]
+    if grad_bias and batch:
+        # cuBLASLt's BGRAD epilogue reduces one GEMM: a batch sums its rounded outputs here.
+        out = _kernel(
+            lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, **dict(params, grad_bias=False)
+        )[0]
+        dbias = jnp.sum(out.astype(_F32), axis=tuple(range(out.ndim - 1))).astype(out_dtype)
+        return [out, dbias]
     if np.dtype(lhs.dtype) in _FP8 and np.dtype(out_dtype) == _F32 and bias.size:
         # cuBLASLt's FP8 GEMM has no bias epilogue for a float32 output: the scaled float32
         # product from the kernel (exact: no rounding beyond float32), the rest in JAX.
-        acc = _kernel(lhs, rhs, jnp.zeros((0,), _F32), jnp.zeros((0,), _F32), lhs_scale_inv,
-                      rhs_scale_inv, **dict(params, epilogue=GemmEpilogue.DEFAULT,
-                                            grad_bias=False))[0]
+        acc = _kernel(
+            lhs,
+            rhs,
+            jnp.zeros((0,), _F32),
+            jnp.zeros((0,), _F32),
+            lhs_scale_inv,
+            rhs_scale_inv,
+            **dict(params, epilogue=GemmEpilogue.DEFAULT, grad_bias=False),
+        )[0]
         one = jnp.ones((1,), _F32)
-        return _epilogue(acc, bias, aux, one, one, epilogue=epilogue, out_dtype=out_dtype,
-                         grad_bias=grad_bias, output_amax=False)
+        return _epilogue(
+            acc,
+            bias,
+            aux,
+            one,
+            one,
+            epilogue=epilogue,
+            out_dtype=out_dtype,
+            grad_bias=grad_bias,
+            output_amax=False,
+        )
     out_shape = batch + (m, n)
     shared_rhs = rhs.ndim < lhs.ndim
     if shared_rhs and not lhs_trans:  # rows (batch..., M) are contiguous: fold them into M

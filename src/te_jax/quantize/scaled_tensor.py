@@ -134,12 +134,15 @@ class ScaledTensor:
         ``vmap`` for a batched tensor.
         """
         if copy not in (None, "rowwise", "colwise"):
-            raise ValueError(f"ScaledTensor.dequantize: copy must be None, 'rowwise' or "
-                             f"'colwise', got {copy!r}")
+            raise ValueError(
+                f"ScaledTensor.dequantize: copy must be None, 'rowwise' or 'colwise', got {copy!r}"
+            )
         colwise = self.data is None if copy is None else copy == "colwise"
         if (self.colwise_data if colwise else self.data) is None:
-            raise ValueError(f"ScaledTensor.dequantize: this tensor ({self.q_layout.name}) has "
-                             f"no {'colwise' if colwise else 'rowwise'} copy")
+            raise ValueError(
+                f"ScaledTensor.dequantize: this tensor ({self.q_layout.name}) has "
+                f"no {'colwise' if colwise else 'rowwise'} copy"
+            )
         q = self.colwise_data if colwise else self.data
         s = self.colwise_scale_inv if colwise else self.scale_inv
         v = formats.to_float32(q)  # not astype: see formats.to_float32
