@@ -5,8 +5,9 @@
 // (length N) is cuBLASLt's per-row bias of D; aux buffers have D's layout.
 //
 // Descriptors live on the stack (the *Init functions: no allocation); the algorithm comes from a
-// cache filled by the initialize stage (execute queries only if a problem was never initialized,
-// e.g. buffers of another alignment); the workspace is the call's own output buffer.
+// cache filled by the initialize stage, which times cuBLASLt's heuristic candidates for large
+// problems (execute queries, untimed, only if a problem was never initialized, e.g. buffers of
+// another alignment); the workspace is the call's own output buffer.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -181,10 +182,49 @@ AlgoKey key_of(int device, const GemmProblem& p) {
                  alignment(p.out)};
 }
 
-// cuBLASLt's first heuristic choice for this problem.
+// Problems with fewer multiply-adds than this take cuBLASLt's first heuristic choice untimed.
+constexpr double kTimedFlops = double(1 << 30);
+constexpr int kCandidates = 8, kTimedRuns = 3;
+
+// The fastest of `n` candidate algorithms on this problem's own buffers (the outputs and the
+// workspace are scribbled on; execute overwrites them), timed on `stream`; -1 if none ran.
+int fastest(const CublasLt& lt, cublasLtHandle_t handle, const GemmProblem& p, Descriptors& ds,
+            const cublasLtMatmulHeuristicResult_t* results, int n, cudaStream_t stream) {
+  cudaEvent_t start, stop;
+  if (cudaEventCreate(&start) != cudaSuccess) return -1;
+  if (cudaEventCreate(&stop) != cudaSuccess) {
+    cudaEventDestroy(start);
+    return -1;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return lt.matmul(handle, &ds.op, &one, p.rhs, &ds.a, p.lhs, &ds.b, &zero, p.out, &ds.c,
+                     p.out, &ds.d, &algo, p.workspace, p.workspace_bytes, stream);
+  };
+  int best = -1;
+  float best_ms = 0;
+  for (int i = 0; i < n; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || run(results[i].algo) != CUBLAS_STATUS_SUCCESS)
+      continue;  // warm-up
+    bool ok = cudaEventRecord(start, stream) == cudaSuccess;
+    for (int r = 0; ok && r < kTimedRuns; ++r) ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
+    ok = ok && cudaEventRecord(stop, stream) == cudaSuccess &&
+         cudaEventSynchronize(stop) == cudaSuccess;
+    float ms = 0;
+    if (ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && (best < 0 || ms < best_ms))
+      best = i, best_ms = ms;
+  }
+  cudaGetLastError();  // a candidate that failed to launch leaves nothing behind
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+// This problem's algorithm: cuBLASLt's heuristic candidates, timed where `may_time` (the
+// initialize stage, outside graph capture) and the problem is large, else the first.
 ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle,
                      const GemmProblem& p, const AlgoKey& key, Descriptors& ds,
-                     cublasLtMatmulAlgo_t* algo) {
+                     cudaStream_t stream, bool may_time, cublasLtMatmulAlgo_t* algo) {
   cublasLtMatmulPreferenceOpaque_t pref;
   TE_JAX_LT(lt.pref_init(&pref, sizeof(pref)), "MatmulPreferenceInit");
   auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
@@ -200,14 +240,17 @@ ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle
   // product is accumulated in float32 and rounded once (docs/numerics.md §8).
   const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions), "set REDUCTION_SCHEME");
-  cublasLtMatmulHeuristicResult_t result;
+  cublasLtMatmulHeuristicResult_t results[kCandidates];
   int found = 0;
-  TE_JAX_LT(lt.heuristic(handle, &ds.op, &ds.a, &ds.b, &ds.c, &ds.d, &pref, 1, &result, &found),
+  const bool timed = may_time && double(p.batch) * p.m * p.n * p.k >= kTimedFlops;
+  TE_JAX_LT(lt.heuristic(handle, &ds.op, &ds.a, &ds.b, &ds.c, &ds.d, &pref,
+                         timed ? kCandidates : 1, results, &found),
             "MatmulAlgoGetHeuristic");
-  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+  if (found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS)
     return ffi::Error::Internal(std::string(op) + ": cuBLASLt has no algorithm for " +
                                 p.describe());
-  *algo = result.algo;
+  const int best = timed && found > 1 ? fastest(lt, handle, p, ds, results, found, stream) : 0;
+  *algo = results[best < 0 ? 0 : best].algo;
   return ffi::Error::Success();
 }
 
@@ -215,7 +258,8 @@ ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle
 
 // The device's handle and this problem's algorithm: created / picked on first use.
 ffi::Error prepare(const CublasLt& lt, const char* op, const GemmProblem& p, Descriptors& ds,
-                   cublasLtHandle_t* handle, cublasLtMatmulAlgo_t* algo) {
+                   cudaStream_t stream, bool may_time, cublasLtHandle_t* handle,
+                   cublasLtMatmulAlgo_t* algo) {
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
     return ffi::Error::Internal(std::string(op) + ": cudaGetDevice: " + cudaGetErrorString(e));
@@ -233,7 +277,8 @@ ffi::Error prepare(const CublasLt& lt, const char* op, const GemmProblem& p, Des
   auto a = s.algos.find(key);
   if (a == s.algos.end()) {
     cublasLtMatmulAlgo_t chosen;
-    if (auto e = pick_algo(lt, op, *handle, p, key, ds, &chosen); e.failure()) return e;
+    if (auto e = pick_algo(lt, op, *handle, p, key, ds, stream, may_time, &chosen); e.failure())
+      return e;
     a = s.algos.emplace(key, chosen).first;
   }
   *algo = a->second;
@@ -265,7 +310,7 @@ ffi::Error GemmBackend::run(const char* op, const GemmProblem& p, cudaStream_t s
   if (auto e = describe(*lt, op, p, ds); e.failure()) return e;
   cublasLtHandle_t handle;
   cublasLtMatmulAlgo_t algo;
-  if (auto e = prepare(*lt, op, p, ds, &handle, &algo); e.failure()) return e;
+  if (auto e = prepare(*lt, op, p, ds, stream, kLoadOnly<S>, &handle, &algo); e.failure()) return e;
   if constexpr (kLoadOnly<S>) return ffi::Error::Success();
   const float one = 1.0f, zero = 0.0f;
   cublasStatus_t st = lt->matmul(handle, &ds.op, &one, p.rhs, &ds.a, p.lhs, &ds.b, &zero, p.out,
