@@ -418,7 +418,7 @@ def _updated(q, st: ScaledTensor):
     return q.update(st.amax) if hasattr(q, "update") else q
 
 
-def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n, grad_bias=False):
+def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n):
     """``out (m, n) = deq(a) (m, k) · deq(b)ᵀ``-style product of two quantized tensors, where
     ``a``'s ``a_copy`` holds the lhs as ``(m, k)`` and ``b``'s ``b_copy`` holds the rhs as
     ``(n, k)`` (the FP8 "TN" form): tensor scaling on the FP8 GEMM, MXFP8 on the dequantized
