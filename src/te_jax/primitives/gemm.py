@@ -295,10 +295,10 @@ def _kernel(
         sds(kshape, out_dtype),
         sds(kshape if epilogue == GemmEpilogue.GELU_AUX else (0,), out_dtype),
         sds((n,) if grad_bias else (0,), out_dtype),
-        sds((1,) if output_amax else (0,), _F32),
+        sds((0,), _F32),  # amax: output_amax was reduced above
         sds((GEMM_WORKSPACE_BYTES,), np.uint8),
     ]
-    out, aux_out, dbias, amax, _ = base.ffi_call(
+    out, aux_out, dbias, _, _ = base.ffi_call(
         TARGET,
         results,
         lhs,
@@ -311,7 +311,7 @@ def _kernel(
         rhs_trans=np.bool_(rhs_trans),
         epilogue=np.int64(epilogue),
         grad_bias=np.bool_(grad_bias),
-        output_amax=np.bool_(output_amax),
+        output_amax=np.bool_(False),
         split_accumulator=np.bool_(split_accumulator),
     )
     outs = [out.reshape(out_shape)]
@@ -319,8 +319,6 @@ def _kernel(
         outs.append(aux_out.reshape(out_shape))
     if grad_bias:
         outs.append(dbias)
-    if output_amax:
-        outs.append(amax)
     return outs
 
 
