@@ -5,7 +5,8 @@
 # build     pip install (CUDA forced on) against the machine's own jaxlib; skipped if this machine
 #           already has a te_jax with the CUDA extension from this tree
 # test      the full pytest suite (the same files CI runs on the CPU); PYTEST_ARGS picks a part
-#           (a device call is limited to 600 s: split the suite across calls)
+#           (a device call is limited to 600 s: split the suite across calls); PYTEST_JOBS=n deals
+#           the collected tests to n pytest processes sharing the GPU
 # sanitize  the standalone kernel test, plain and under compute-sanitizer (memcheck, racecheck,
 #           initcheck, synccheck); reuses the native build of a preceding `ab` stage
 # ab        A/B of the native kernels: the ffi/ tree under $AB_OLD (an older revision, e.g.
@@ -52,13 +53,36 @@ for stage in "$@"; do
       (cd /tmp && python3 -c "import te_jax; print('ffi cpu', te_jax.ffi_available('cpu'), 'cuda', te_jax.ffi_available('cuda'), te_jax._ffi._load_errors)")
       ;;
     test)
-      stamp "pytest ${PYTEST_ARGS:-tests}"
+      stamp "pytest ${PYTEST_ARGS:-tests} in ${PYTEST_JOBS:-1} process(es)"
       # faulthandler_timeout: a test stuck for 300 s dumps every thread's stack into the log.
-      # shellcheck disable=SC2086
-      python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-tests} --maxfail=20 -rf --durations=10 \
-        -o faulthandler_timeout=300 \
-        >"$OUT/pytest.log" 2>&1 || status=1
-      tail -n 25 "$OUT/pytest.log"
+      popts=(-q -p no:cacheprovider --maxfail=20 -rf --durations=5 -o faulthandler_timeout=300)
+      jobs=${PYTEST_JOBS:-1}
+      if [ "$jobs" -le 1 ]; then
+        # shellcheck disable=SC2086
+        python3 -m pytest "${popts[@]}" ${PYTEST_ARGS:-tests} >"$OUT/pytest.log" 2>&1 || status=1
+        tail -n 25 "$OUT/pytest.log"
+      else
+        # The collected test ids dealt round-robin to $jobs processes sharing the GPU (the suite
+        # is bound by compilation on the host), one log each, folded into pytest.log.
+        # shellcheck disable=SC2086
+        python3 -m pytest -q -p no:cacheprovider --collect-only ${PYTEST_ARGS:-tests} 2>/dev/null \
+          | grep "::" > /tmp/te_jax_ids || { echo "collection failed"; status=1; continue; }
+        echo "$(wc -l < /tmp/te_jax_ids) tests collected"
+        pids=()
+        for j in $(seq 0 $((jobs - 1))); do
+          awk -v n="$jobs" -v j="$j" 'NR % n == j' /tmp/te_jax_ids > "/tmp/te_jax_ids_$j"
+          mapfile -t ids < "/tmp/te_jax_ids_$j"
+          python3 -m pytest "${popts[@]}" "${ids[@]}" >"/tmp/te_jax_pytest_$j.log" 2>&1 &
+          pids+=($!)
+        done
+        for j in "${!pids[@]}"; do
+          wait "${pids[$j]}" || status=1
+          { echo "==== process $j"; grep -vE "^(\.|s|F|E|x)+ +\[ *[0-9]+%\]$" "/tmp/te_jax_pytest_$j.log"; } \
+            >>"$OUT/pytest.log"
+          echo "process $j: $(tail -n 1 "/tmp/te_jax_pytest_$j.log")"
+        done
+        grep -h "^FAILED\|^ERROR" "$OUT/pytest.log" | head -n 30
+      fi
       ;;
     sanitize)
       stamp "kernel test + compute-sanitizer"
