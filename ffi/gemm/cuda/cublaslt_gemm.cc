@@ -184,7 +184,10 @@ AlgoKey key_of(int device, const GemmProblem& p) {
 
 // Problems with fewer multiply-adds than this take cuBLASLt's first heuristic choice untimed.
 constexpr double kTimedFlops = double(1 << 30);
-constexpr int kCandidates = 8, kTimedRuns = 3;
+// Up to kCandidates algorithms, each timed over kTimedRuns back-to-back runs in each of kRounds
+// interleaved rounds (its best round counts), after kWarmupRuns untimed runs that bring the clocks
+// up from the idle of compilation: interleaving keeps a clock ramp from favouring later candidates.
+constexpr int kCandidates = 8, kTimedRuns = 3, kRounds = 3, kWarmupRuns = 10;
 
 // The fastest of `n` candidate algorithms on this problem's own buffers (the outputs and the
 // workspace are scribbled on; execute overwrites them), timed on `stream`; -1 if none ran.
@@ -199,21 +202,34 @@ int fastest(const CublasLt& lt, cublasLtHandle_t handle, const GemmProblem& p, D
   const float one = 1.0f, zero = 0.0f;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return lt.matmul(handle, &ds.op, &one, p.rhs, &ds.a, p.lhs, &ds.b, &zero, p.out, &ds.c,
-                     p.out, &ds.d, &algo, p.workspace, p.workspace_bytes, stream);
+                     p.out, &ds.d, &algo, p.workspace, p.workspace_bytes, stream) ==
+           CUBLAS_STATUS_SUCCESS;
   };
-  int best = -1;
-  float best_ms = 0;
+  bool usable[kCandidates] = {};
+  float best_ms[kCandidates] = {};
+  for (int i = 0; i < n; ++i)  // a candidate that does not launch is dropped
+    usable[i] = results[i].state == CUBLAS_STATUS_SUCCESS && run(results[i].algo);
   for (int i = 0; i < n; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || run(results[i].algo) != CUBLAS_STATUS_SUCCESS)
-      continue;  // warm-up
-    bool ok = cudaEventRecord(start, stream) == cudaSuccess;
-    for (int r = 0; ok && r < kTimedRuns; ++r) ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
-    ok = ok && cudaEventRecord(stop, stream) == cudaSuccess &&
-         cudaEventSynchronize(stop) == cudaSuccess;
-    float ms = 0;
-    if (ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && (best < 0 || ms < best_ms))
-      best = i, best_ms = ms;
+    if (!usable[i]) continue;
+    for (int r = 0; r < kWarmupRuns; ++r) run(results[i].algo);
+    break;
   }
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < n; ++i) {
+      if (!usable[i]) continue;
+      bool ok = cudaEventRecord(start, stream) == cudaSuccess;
+      for (int r = 0; ok && r < kTimedRuns; ++r) ok = run(results[i].algo);
+      ok = ok && cudaEventRecord(stop, stream) == cudaSuccess &&
+           cudaEventSynchronize(stop) == cudaSuccess;
+      float ms = 0;
+      ok = ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+      if (!ok) usable[i] = false;
+      else if (round == 0 || ms < best_ms[i]) best_ms[i] = ms;
+    }
+  }
+  int best = -1;
+  for (int i = 0; i < n; ++i)
+    if (usable[i] && (best < 0 || best_ms[i] < best_ms[best])) best = i;
   cudaGetLastError();  // a candidate that failed to launch leaves nothing behind
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
