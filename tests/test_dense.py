@@ -600,22 +600,29 @@ EXACT_RECIPES = {
     [(None, jnp.float32), (ACT_BY_ALIAS["relu"], jnp.bfloat16)],
     ids=["gemm-f32", "relu-bf16"],
 )
-@pytest.mark.parametrize("name", list(EXACT_RECIPES))
-def test_fp8_is_the_product_of_the_dequantized_operands(name, act, dtype, rng):
+@pytest.mark.parametrize(
+    "name, lead, k, n",
+    [(name, (2, 16), 32, 32) for name in EXACT_RECIPES]
+    # K, N not multiples of 16 (MXFP8 needs multiples of 32: tensor scaling only)
+    + [(name, (2, 5), 7, 33) for name in ("delayed", "current")],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_fp8_is_the_product_of_the_dequantized_operands(name, act, dtype, lead, k, n, rng):
     """SPEC §8: with the operands quantized here (te_jax.quantize, pure JAX) by the same
     quantizers, dense's y, dx and dkernel equal the float64 products of the dequantized operands
     (forward: x rowwise · kernel colwise; dgrad: grad rowwise · kernel rowwise; wgrad: x colwise
     · grad colwise) within K·2^-23·Σ|a||b| plus one ulp of the output. With ReLU, dh = dy·[h > 0]
     is exact too. Current scaling's scale is Q / max|x| of the tensor itself. The operands'
     magnitudes spread over 2^16 so that MXFP8's rowwise and colwise copies differ (using one for
-    the other fails)."""
+    the other fails). K and N not multiples of 16 (tensor scaling; MXFP8 needs multiples of 32)
+    take the float32 GEMM on the same dequantized operands, on every platform."""
     recipe = EXACT_RECIPES[name]
     qs = _primed(recipe)
     x, w, b, dy = (
         a if a is None else spread_magnitudes(rng, a)
-        for a in make_operands(rng, (2, 16, 32), 32, dtype, act)
+        for a in make_operands(rng, (*lead, k), n, dtype, act)
     )
-    x2, dy2 = x.reshape(32, 32), dy.reshape(32, 32)
+    x2, dy2 = x.reshape(-1, k), dy.reshape(-1, n)
     quant = lambda a, role: quantize_xla(jnp.asarray(a), qs.with_layout(role, BOTH))  # noqa: E731
     qx, qk = quant(x2, "x"), quant(w, "kernel")
     if name == "current":  # scale = RN(Q / amax), scale_inv = RN(1 / scale)
@@ -643,7 +650,7 @@ def test_fp8_is_the_product_of_the_dequantized_operands(name, act, dtype, rng):
     )
     db = do.rounded(do.colsum(do.exact(dh)), dtype)
     outs = fp8_value_and_grads(x, w, b, qs, dy, names(act))
-    refs = (y.reshape(2, 16, 32), dx.reshape(2, 16, 32), dk, db)
+    refs = (y.reshape(*lead, n), dx.reshape(*lead, k), dk, db)
     check_outputs([o[:4] for o in outs], refs, dtype, f"{name} exact")
 
 

@@ -25,8 +25,9 @@ The scales go to cuBLASLt as device pointers and are applied to the float32 accu
 before the bias and the epilogue. On the CPU and with ``implementation="xla"`` the same
 quantized operands are dequantized exactly and multiplied in float32: the same product, so the
 CPU path is an oracle for the GPU's. Where a dimension cuBLASLt's FP8 GEMM cannot take (the
-contracting one, or the output's columns, not a multiple of 16) meets the CUDA path, that GEMM
-runs on the exactly dequantized operands in float32 instead (same math, no FP8 tensor cores).
+contracting one, or the output's columns, not a multiple of 16), that GEMM runs on the exactly
+dequantized operands in float32 instead, on every platform (same math; on the GPU without FP8
+tensor cores).
 MXFP8 on Hopper: the quantized storage is real, the GEMMs run on the dequantized operands in the
 input dtype (exact: an MXFP8 value is an E4M3/E5M2 number times a power of two).
 
@@ -426,8 +427,9 @@ def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n):
     if a.scaling_mode.is_tensor_scaling:
         lhs, ls = _tn_operand(a, a_copy, m, k)
         rhs, rs = _tn_operand(b, b_copy, n, k)
-        if cfg.kernel_gemm and (k % FP8_GEMM_ALIGNMENT or n % FP8_GEMM_ALIGNMENT):
-            # cuBLASLt's FP8 GEMM cannot take this shape: the same product in float32.
+        if k % FP8_GEMM_ALIGNMENT or n % FP8_GEMM_ALIGNMENT:
+            # An FP8 GEMM (cuBLASLt's, and the primitive's contract) cannot take this shape:
+            # the same product in float32.
             lhs = formats.to_float32(lhs) * ls[0]
             rhs = formats.to_float32(rhs) * rs[0]
             r = bind_gemm(
@@ -436,7 +438,7 @@ def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n):
                 None if bias is None else bias.astype(jnp.float32),
                 rhs_trans=True,
                 epilogue=ep,
-                implementation="ffi",
+                implementation=_gemm_impl(cfg),
             )
             return r._replace(
                 out=r.out.astype(out_dtype), aux=None if r.aux is None else r.aux.astype(out_dtype)
