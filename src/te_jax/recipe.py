@@ -231,6 +231,33 @@ class QuantizerSet:
         """The scaling mode of the set's quantizers (``None`` for the empty set)."""
         return None if self.x is None else self.x.scaling_mode
 
+    def state(self) -> dict[str, jax.Array]:
+        """The set's state arrays by name, ``"{role}_{field}"`` (``x_scale``,
+        ``x_amax_history``, ..., ``grad_amax_history`` under delayed scaling; empty for the
+        stateless recipes). The names the Flax modules give their FP8 variables."""
+        out = {}
+        for r in _ROLES:
+            q = getattr(self, r)
+            for f in () if q is None else type(q)._leaf_fields:
+                out[f"{r}_{f}"] = getattr(q, f)
+        return out
+
+    def with_state(self, state) -> QuantizerSet:
+        """This set with its state arrays replaced by ``state`` (a mapping as ``state()``
+        returns; every name must be present)."""
+        missing = sorted(set(self.state()) - set(state))
+        if missing:
+            raise ValueError(f"te_jax.QuantizerSet.with_state: no value for {', '.join(missing)}")
+        return _unflatten(
+            None,
+            [
+                None
+                if (q := getattr(self, r)) is None
+                else dataclasses.replace(q, **{f: state[f"{r}_{f}"] for f in q._leaf_fields})
+                for r in _ROLES
+            ],
+        )
+
     def with_layout(self, role: str, layout: QuantizeLayout) -> Quantizer:
         """The quantizer of ``role`` with ``q_layout`` replaced by ``layout`` (same state)."""
         return dataclasses.replace(getattr(self, role), q_layout=layout)

@@ -1,0 +1,46 @@
+"""Delayed scaling's state in a Linen module: one variable per state array of each GEMM's
+``QuantizerSet``, in the ``"fp8_metas"`` collection.
+
+The variables are read (never written) in the forward; ``te_jax.dense`` returns the updated set
+as the cotangent of its ``quantizer_set``, so the gradient of the loss with respect to
+``variables["fp8_metas"]`` *is* the next state (x's and the kernel's quantizers updated with the
+forward's amaxes, the gradient's with the backward's: docs/numerics.md §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import flax.linen as nn
+
+from te_jax.recipe import QuantizerSet, Recipe
+
+__all__ = ["FP8_COLLECTION", "quantizer_set", "update_fp8_metas"]
+
+FP8_COLLECTION = "fp8_metas"
+
+
+def quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str) -> QuantizerSet:
+    """The ``QuantizerSet`` of the GEMM named ``gemm`` in ``module`` under ``recipe``: fresh for
+    the stateless recipes, built from ``module``'s ``fp8_metas`` variables
+    ``{gemm}_{role}_{field}`` (created at ``init``) for delayed scaling."""
+    qs = QuantizerSet.create(recipe)
+    state = {
+        name: module.variable(FP8_COLLECTION, f"{gemm}_{name}", lambda v=value: v).value
+        for name, value in qs.state().items()
+    }
+    return qs.with_state(state) if state else qs
+
+
+def update_fp8_metas(variables: Mapping, grads: Mapping) -> dict:
+    """``variables`` with its ``"fp8_metas"`` collection replaced by the gradient with respect
+    to it (the next FP8 state); unchanged where ``grads`` has no such collection.
+
+    Args:
+      variables: a Linen variables dict (``{"params": ..., "fp8_metas": ...}``).
+      grads: the gradient of the loss with respect to (a dict holding) ``variables``.
+    """
+    out = dict(variables)
+    if FP8_COLLECTION in grads:
+        out[FP8_COLLECTION] = grads[FP8_COLLECTION]
+    return out

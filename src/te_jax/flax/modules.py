@@ -1,0 +1,302 @@
+"""Linen modules: ``DenseGeneral``, ``LayerNorm``, ``LayerNormDenseGeneral``, ``LayerNormMLP``.
+
+Each wraps a function of ``te_jax.layers`` (the same one the NNX modules wrap) and declares its
+parameters with logical axis names (``nn.with_logical_partitioning``), so a mesh and logical
+axis rules shard them without touching the module.
+
+**Dtypes.** Parameters are stored in ``param_dtype`` (float32 by default). The computation runs
+in ``dtype``, or, when ``dtype`` is ``None``, in the input's dtype (as TransformerEngine's
+modules do; Flax's own layers would promote a bfloat16 input with float32 parameters to
+float32): parameters are cast to it, and the output has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from te_jax import layers
+from te_jax.activation_types import ActivationLike
+from te_jax.flax.fp8_state import quantizer_set
+from te_jax.normalization import check_norm_type, layernorm
+from te_jax.recipe import Recipe
+
+__all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
+
+Initializer = Callable[..., jax.Array]
+_KERNEL_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def _param(module: nn.Module, name: str, init: Initializer, axes, shape, dtype):
+    """``module.param`` with logical axis names ``axes`` (``None``: no names)."""
+    if axes is not None:
+        init = nn.with_logical_partitioning(init, axes)
+    return module.param(name, init, tuple(shape), dtype)
+
+
+def _compute_dtype(dtype, x):
+    return jnp.dtype(dtype) if dtype is not None else jnp.result_type(x)
+
+
+def _kernel(module, name, init, axes, shape, n_in, gated, param_dtype):
+    """A kernel parameter initialised by ``layers.init_kernel`` (fan-in over the contracted
+    axes, gated halves separately)."""
+
+    def kernel_init(key, shape, dtype):
+        return layers.init_kernel(init, key, shape, n_in, gated, dtype)
+
+    return _param(module, name, kernel_init, axes, shape, param_dtype)
+
+
+class _NormParams:
+    """The norm's parameters of a Linen module with the norm fields (``scale``, ``ln_bias``)."""
+
+    @staticmethod
+    def create(module, hidden: int, where: str):
+        kind = check_norm_type(where, module.layernorm_type)
+        scale_init = module.scale_init or (
+            nn.initializers.zeros if module.zero_centered_gamma else nn.initializers.ones
+        )
+        gamma = _param(
+            module, "scale", scale_init, layers.fit_axes(where, module.scale_axes, (hidden,), True),
+            (hidden,), module.param_dtype,
+        )
+        beta = None
+        if kind == "layernorm":
+            beta = _param(
+                module, "ln_bias", module.ln_bias_init,
+                layers.fit_axes(where, module.ln_bias_axes, (hidden,), True), (hidden,),
+                module.param_dtype,
+            )
+        return gamma, beta
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm or RMSNorm over the last axis (``te_jax.normalization.layernorm``).
+
+    Parameters: ``scale (H,)`` (``γ - 1`` with ``zero_centered_gamma``) and, for
+    ``"layernorm"``, ``ln_bias (H,)``.
+    """
+
+    layernorm_type: str = "layernorm"
+    epsilon: float = 1e-6
+    zero_centered_gamma: bool = False
+    scale_init: Initializer | None = None
+    scale_axes: Sequence[str] = ("embed",)
+    ln_bias_init: Initializer = nn.initializers.zeros
+    ln_bias_axes: Sequence[str] = ("embed",)
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x (..., H)`` → ``(..., H)`` in the compute dtype."""
+        x = jnp.asarray(x).astype(_compute_dtype(self.dtype, x))
+        gamma, beta = _NormParams.create(self, x.shape[-1], "te_jax.flax.LayerNorm")
+        return layernorm(
+            x, gamma, beta, layernorm_type=self.layernorm_type,
+            zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+        )
+
+
+class DenseGeneral(nn.Module):
+    """``y = act(x · kernel + bias)`` over x's axes ``axis`` (``te_jax.layers.dense_general``).
+
+    Parameters: ``kernel (*in, *features)`` (gated activation: ``(*in, 2, *features)``) and,
+    with ``use_bias``, ``bias (*features)`` (gated: ``(2, *features)``). Under a ``recipe`` the
+    GEMMs run in FP8; delayed scaling's state is in ``"fp8_metas"``.
+    """
+
+    features: int | Sequence[int]
+    axis: int | Sequence[int] = -1
+    use_bias: bool = True
+    activation: ActivationLike | None = None
+    activation_params: Any = None
+    kernel_init: Initializer = _KERNEL_INIT
+    bias_init: Initializer = nn.initializers.zeros
+    kernel_axes: Sequence[str | None] = ()
+    bias_axes: Sequence[str | None] = ()
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    recipe: Recipe | None = None
+    implementation: str | None = None
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        """``inputs (..., *in)`` → ``(..., *features)`` in the compute dtype."""
+        x = jnp.asarray(inputs)
+        return _dense_general(self, x.astype(_compute_dtype(self.dtype, x)), self.axis,
+                              "te_jax.flax.DenseGeneral")
+
+
+def _dense_general(module, x, axis, where: str):
+    """The dense of ``DenseGeneral`` / ``LayerNormDenseGeneral``: its parameters (``kernel``,
+    ``bias``) declared in ``module``'s scope, from ``module``'s fields."""
+    act, params = layers.resolve_activation(where, module.activation, module.activation_params)
+    recipe = layers.check_recipe(where, module.recipe)
+    axes = layers.normalize_axes(where, axis, x.ndim)
+    feats = module.features
+    features = (feats,) if isinstance(feats, int) else tuple(feats)
+    gated = act is not None and act.is_gated
+    k_shape = layers.dense_kernel_shape([x.shape[a] for a in axes], features, act)
+    kernel = _kernel(
+        module, "kernel", module.kernel_init,
+        layers.fit_axes(where, module.kernel_axes, k_shape, gated),
+        k_shape, len(axes), gated, module.param_dtype,
+    )
+    bias = None
+    if module.use_bias:
+        b_shape = k_shape[len(axes):]
+        bias = _param(module, "bias", module.bias_init,
+                      layers.fit_axes(where, module.bias_axes, b_shape, gated), b_shape,
+                      module.param_dtype)
+    return layers.dense_general(
+        x, kernel, bias, axis=axes, activation_type=act, act_params=params,
+        quantizer_set=quantizer_set(module, recipe, "kernel"),
+        implementation=module.implementation,
+    )
+
+
+class LayerNormDenseGeneral(nn.Module):
+    """Norm, then ``DenseGeneral`` over the last axis: ``y = act(norm(x) · kernel + bias)``.
+
+    Returns ``(y, ln_out)``; ``ln_out`` (the GEMM's input) is ``None`` unless
+    ``return_layernorm_output``. Parameters: ``scale``, ``ln_bias`` (``"layernorm"``),
+    ``kernel``, ``bias`` (with ``use_bias``), named as in ``LayerNorm`` and ``DenseGeneral``.
+    """
+
+    features: int | Sequence[int]
+    enable_layernorm: bool = True
+    layernorm_type: str = "layernorm"
+    epsilon: float = 1e-6
+    zero_centered_gamma: bool = False
+    scale_init: Initializer | None = None
+    scale_axes: Sequence[str] = ("embed",)
+    ln_bias_init: Initializer = nn.initializers.zeros
+    ln_bias_axes: Sequence[str] = ("embed",)
+    use_bias: bool = False
+    activation: ActivationLike | None = None
+    activation_params: Any = None
+    kernel_init: Initializer = _KERNEL_INIT
+    bias_init: Initializer = nn.initializers.zeros
+    kernel_axes: Sequence[str | None] = ()
+    bias_axes: Sequence[str | None] = ()
+    return_layernorm_output: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    recipe: Recipe | None = None
+    implementation: str | None = None
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array):
+        """``inputs (..., H)`` → ``(y (..., *features), ln_out (..., H) or None)``."""
+        where = "te_jax.flax.LayerNormDenseGeneral"
+        x = jnp.asarray(inputs)
+        x = x.astype(_compute_dtype(self.dtype, x))
+        ln_out = x
+        if self.enable_layernorm:
+            gamma, beta = _NormParams.create(self, x.shape[-1], where)
+            ln_out = layernorm(
+                x, gamma, beta, layernorm_type=self.layernorm_type,
+                zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+            )
+        out = _dense_general(self, ln_out, -1, where)
+        return out, (ln_out if self.return_layernorm_output else None)
+
+
+class LayerNormMLP(nn.Module):
+    """The transformer MLP block (``te_jax.layers.layernorm_mlp``):
+    ``out = drop(act(norm(x) · wi_kernel + wi_bias)) · wo_kernel + wo_bias``.
+
+    Parameters: ``scale`` and ``ln_bias`` (the norm, when ``enable_layernorm``), ``wi_kernel``
+    ``(H, I)`` or, for a gated pair, ``(H, 2, I)`` (straight into the GEMM), ``wo_kernel (I,
+    H)``, and with ``use_bias`` ``wi_bias`` ``(I,)`` / ``(2, I)`` and ``wo_bias (H,)``. Logical
+    axes default to TE-JAX's; for a non-gated activation the ``"act"`` name is dropped.
+
+    Returns ``(out, ln_out)``: ``ln_out`` is the first GEMM's input (``None`` unless
+    ``return_layernorm_output``). Dropout on the intermediate activation takes the
+    ``dropout_rng_name`` rng (``"dropout"``) unless ``deterministic``.
+    """
+
+    intermediate_dim: int = 2048
+    activations: ActivationLike = ("gelu",)
+    activation_params: Any = None
+    use_bias: bool = False
+    enable_layernorm: bool = True
+    layernorm_type: str = "layernorm"
+    epsilon: float = 1e-6
+    zero_centered_gamma: bool = False
+    scale_init: Initializer | None = None
+    scale_axes: Sequence[str] = ("embed",)
+    ln_bias_init: Initializer = nn.initializers.zeros
+    ln_bias_axes: Sequence[str] = ("embed",)
+    kernel_init: Initializer = _KERNEL_INIT
+    kernel_axes_1: Sequence[str | None] = ("embed", "act", "mlp")
+    kernel_axes_2: Sequence[str | None] = ("mlp", "embed")
+    bias_init: Initializer = nn.initializers.zeros
+    bias_axes_1: Sequence[str | None] = ("act", "mlp")
+    bias_axes_2: Sequence[str | None] = ("embed",)
+    intermediate_dropout_rate: float = 0.0
+    intermediate_hidden_dropout_dims: Sequence[int] = ()
+    dropout_rng_name: str = "dropout"
+    return_layernorm_output: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    recipe: Recipe | None = None
+    implementation: str | None = None
+
+    @nn.compact
+    def __call__(self, inputs: jax.Array, deterministic: bool = False):
+        """``inputs (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``."""
+        where = "te_jax.flax.LayerNormMLP"
+        act, params = layers.resolve_activation(where, self.activations, self.activation_params)
+        if act is None:
+            raise ValueError(f"{where}: activations must name an activation, got None")
+        recipe = layers.check_recipe(where, self.recipe)
+        if not 0.0 <= self.intermediate_dropout_rate < 1.0:
+            raise ValueError(f"{where}: intermediate_dropout_rate must be in [0, 1), got "
+                             f"{self.intermediate_dropout_rate}")
+        x = jnp.asarray(inputs)
+        x = x.astype(_compute_dtype(self.dtype, x))
+        hidden, inter, gated = x.shape[-1], self.intermediate_dim, act.is_gated
+        gamma = beta = None
+        if self.enable_layernorm:
+            gamma, beta = _NormParams.create(self, hidden, where)
+        k1_shape = layers.mlp_kernel_1_shape(hidden, inter, act)
+        k1 = _kernel(self, "wi_kernel", self.kernel_init,
+                     layers.fit_axes(where, self.kernel_axes_1, k1_shape, gated),
+                     k1_shape, 1, gated, self.param_dtype)
+        k2 = _kernel(self, "wo_kernel", self.kernel_init,
+                     layers.fit_axes(where, self.kernel_axes_2, (inter, hidden), False),
+                     (inter, hidden), 1, False, self.param_dtype)
+        b1 = b2 = None
+        if self.use_bias:
+            b1 = _param(self, "wi_bias", self.bias_init,
+                        layers.fit_axes(where, self.bias_axes_1, k1_shape[1:], gated),
+                        k1_shape[1:], self.param_dtype)
+            b2 = _param(self, "wo_bias", self.bias_init,
+                        layers.fit_axes(where, self.bias_axes_2, (hidden,), False), (hidden,),
+                        self.param_dtype)
+        dropout = None
+        if self.intermediate_dropout_rate > 0.0 and not deterministic:
+            drop = nn.Dropout(
+                rate=self.intermediate_dropout_rate,
+                broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
+                rng_collection=self.dropout_rng_name,
+            )
+
+            def dropout(h):
+                return drop(h, deterministic=False)
+
+        out, ln_out = layers.layernorm_mlp(
+            x, k1, k2, b1, b2, gamma, beta, activation_type=act, act_params=params,
+            layernorm_type=self.layernorm_type, zero_centered_gamma=self.zero_centered_gamma,
+            epsilon=self.epsilon,
+            quantizer_sets=(quantizer_set(self, recipe, "wi"), quantizer_set(self, recipe, "wo")),
+            dropout=dropout, implementation=self.implementation,
+        )
+        return out, (ln_out if self.return_layernorm_output else None)

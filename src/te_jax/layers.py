@@ -1,0 +1,242 @@
+"""The functional layers the Flax modules wrap (``te_jax.flax`` for Linen, ``te_jax.nnx``).
+
+One home for what the Linen and NNX modules share, so both compute the same thing from the same
+parameters:
+
+* ``dense_general``: ``te_jax.dense`` over any set of x's axes and any output shape;
+* ``layernorm_mlp``: ``norm → dense(kernel_1, bias_1, act) → dropout → dense(kernel_2, bias_2)``;
+* the parameter shapes and logical axis names of a dense and of an MLP block, and the kernel
+  initialisation (fan-in over the contracted axes; a gated kernel's two halves each initialised
+  as a ``(K, N)`` kernel).
+
+Kernel layouts (docs/numerics.md §1, §8): a dense kernel is ``(*in, *features)``; for a gated
+activation it is ``(*in, 2, *features)`` (the activation's columns at index 0 of the ``2`` axis,
+the linear ones at 1), which ``te_jax.dense`` takes straight into its GEMM. The MLP's first
+kernel is ``(H, I)``, or ``(H, 2, I)`` for a gated pair; its second ``(I, H)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+from te_jax.dense import dense
+from te_jax.normalization import layernorm
+from te_jax.recipe import QuantizerSet, Recipe
+
+__all__ = [
+    "resolve_activation",
+    "check_recipe",
+    "dense_general",
+    "layernorm_mlp",
+    "normalize_axes",
+    "dense_kernel_shape",
+    "mlp_kernel_1_shape",
+    "fit_axes",
+    "init_kernel",
+]
+
+
+def resolve_activation(
+    where: str, activations: ActivationLike | None, activation_params
+) -> tuple[ActivationType | None, ActivationParams | None]:
+    """A module's ``activations`` and ``activation_params`` as ``(ActivationType or None,
+    ActivationParams or None)``. ``activation_params`` may be an ``ActivationParams``, a
+    ``ClampedSwiGLUParams`` or a dict of clamped SwiGLU's fields (``{"limit": 7.0}``, as
+    TE-JAX's modules take it)."""
+    if activations is None:
+        if activation_params:
+            raise ValueError(f"{where}: activation_params given without an activation")
+        return None, None
+    try:
+        act = ActivationType.parse(activations)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if isinstance(activation_params, dict):
+        try:
+            return act, ActivationParams.create(act, **activation_params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: activation_params {activation_params}: {e}") from None
+    return act, ActivationParams.resolve(act, activation_params)
+
+
+def check_recipe(where: str, recipe) -> Recipe | None:
+    """``recipe`` if it is a ``te_jax.recipe`` recipe or ``None``, else a TypeError."""
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise TypeError(
+            f"{where}: recipe must be te_jax.recipe.DelayedScaling(), CurrentScaling(), "
+            f"MXFP8BlockScaling() or None, got {type(recipe).__name__}"
+        )
+    return recipe
+
+
+def normalize_axes(where: str, axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:
+    """``axis`` (an int or a sequence, negative allowed) as sorted non-negative axes of an
+    ``ndim``-dimensional input; a ValueError for an axis out of range or given twice."""
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    out = []
+    for a in axes:
+        if not isinstance(a, int) or not -ndim <= a < ndim:
+            raise ValueError(f"{where}: axis {a!r} is out of range for an input of rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{where}: axis {axis!r} names an axis twice")
+    return tuple(sorted(out))
+
+
+def dense_kernel_shape(
+    in_shape: Sequence[int], features: Sequence[int], act: ActivationType | None
+) -> tuple[int, ...]:
+    """The kernel of a dense from ``in_shape`` (the contracted axes) to ``features``:
+    ``(*in, *features)``, or ``(*in, 2, *features)`` for a gated activation."""
+    gate = (2,) if act is not None and act.is_gated else ()
+    return (*in_shape, *gate, *features)
+
+
+def mlp_kernel_1_shape(hidden: int, intermediate: int, act: ActivationType) -> tuple[int, ...]:
+    """The MLP's first kernel: ``(H, I)``, or ``(H, 2, I)`` for a gated pair."""
+    return dense_kernel_shape((hidden,), (intermediate,), act)
+
+
+def fit_axes(where: str, axes: Sequence[str | None], shape: Sequence[int], gated: bool):
+    """Logical axis names for a parameter of ``shape``: ``axes`` as given when their count
+    matches, or with the gate axis (index ``-2`` of a kernel, ``0`` of a bias: TE-JAX's
+    ``"act"``) dropped when the activation is not gated and one name too many is given;
+    ``None`` for no names (``()``)."""
+    axes = tuple(axes)
+    if not axes:
+        return None
+    if len(axes) == len(shape):
+        return axes
+    if not gated and len(axes) == len(shape) + 1:
+        gate = len(axes) - 2 if len(shape) > 1 else 0
+        return axes[:gate] + axes[gate + 1 :]
+    raise ValueError(
+        f"{where}: {len(axes)} logical axis names {axes} for a parameter of shape {tuple(shape)}"
+    )
+
+
+def init_kernel(init: Callable, key, shape: Sequence[int], n_in: int, gated: bool, dtype):
+    """A kernel of ``shape`` from ``init``, which is called on the 2-D ``(K, N)`` matrix (``K``
+    the product of the ``n_in`` contracted axes, ``N`` of the output axes) so its fan-in is
+    ``K``; a gated kernel's two halves are initialised separately (each a ``(K, N)`` kernel)."""
+    shape = tuple(shape)
+    k = math.prod(shape[:n_in])
+    if not gated:
+        return jnp.reshape(init(key, (k, math.prod(shape[n_in:])), dtype), shape)
+    n = math.prod(shape[n_in + 1 :])
+    halves = [init(kk, (k, n), dtype) for kk in jax.random.split(key, 2)]
+    return jnp.reshape(jnp.stack(halves, axis=1), shape)
+
+
+def dense_general(
+    x: jax.Array,
+    kernel: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    axis: int | Sequence[int] = -1,
+    activation_type: ActivationLike | None = None,
+    act_params: ActivationParams | None = None,
+    quantizer_set: QuantizerSet | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """``y = act(x · kernel + bias)`` contracting x's axes ``axis`` (any of them, in order) with
+    the kernel's leading axes.
+
+    Args:
+      x: ``(..., *in)`` with the contracted axes ``axis`` (moved to the end first where they are
+        not already trailing).
+      kernel: ``(*in, *F)``; gated: ``(*in, 2, *F)``.
+      bias: ``None``, ``F`` or (gated) ``(2, *F)``.
+
+    Returns:
+      ``(*batch, *F)``: x's other axes in order, then the features.
+    """
+    where = "te_jax.layers.dense_general"
+    act = None if activation_type is None else ActivationType.parse(activation_type)
+    axes = normalize_axes(where, axis, jnp.ndim(x))
+    n = len(axes)
+    trailing = tuple(range(jnp.ndim(x) - n, jnp.ndim(x)))
+    if axes != trailing:
+        x = jnp.moveaxis(x, axes, trailing)
+    gated = act is not None and act.is_gated
+    features = jnp.shape(kernel)[n + 1 if gated else n :]
+    if gated and len(features) != 1:
+        # dense takes a gated kernel as (K..., 2, N): fold the feature axes into N.
+        kernel = jnp.reshape(kernel, (*jnp.shape(kernel)[: n + 1], math.prod(features)))
+        if bias is not None:
+            bias = jnp.reshape(bias, (2, math.prod(features)))
+    y = dense(
+        x,
+        kernel,
+        bias,
+        activation_type=act,
+        quantizer_set=quantizer_set,
+        act_params=act_params,
+        contracting_dims=(trailing, tuple(range(n))),
+        implementation=implementation,
+    )
+    return jnp.reshape(y, (*jnp.shape(y)[:-1], *features)) if gated else y
+
+
+def layernorm_mlp(
+    x: jax.Array,
+    kernel_1: jax.Array,
+    kernel_2: jax.Array,
+    bias_1: jax.Array | None = None,
+    bias_2: jax.Array | None = None,
+    gamma: jax.Array | None = None,
+    beta: jax.Array | None = None,
+    *,
+    activation_type: ActivationLike = ("gelu",),
+    act_params: ActivationParams | None = None,
+    layernorm_type: str = "layernorm",
+    zero_centered_gamma: bool = False,
+    epsilon: float = 1e-6,
+    quantizer_sets: tuple[QuantizerSet | None, QuantizerSet | None] = (None, None),
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """The transformer MLP block: ``out = dense(drop(act(norm(x) · W1 + b1)) · W2 + b2)``.
+
+    Args:
+      x: ``(..., H)``; the compute dtype.
+      kernel_1: ``(H, I)``, gated ``(H, 2, I)``; kernel_2: ``(I, H)``.
+      bias_1: ``None``, ``(I,)`` or gated ``(2, I)``; bias_2: ``None`` or ``(H,)``.
+      gamma, beta: the norm's ``(H,)`` parameters; ``gamma=None`` skips the norm.
+      quantizer_sets: one ``QuantizerSet`` (or ``None``) per GEMM.
+      dropout: applied to the activation's output, ``None`` for none.
+
+    Returns:
+      ``(out (..., H), ln_out (..., H))``: ``ln_out`` is the first GEMM's input (x itself
+      without a norm).
+    """
+    ln_out = x
+    if gamma is not None:
+        ln_out = layernorm(
+            x,
+            gamma,
+            beta,
+            layernorm_type=layernorm_type,
+            zero_centered_gamma=zero_centered_gamma,
+            epsilon=epsilon,
+        )
+    h = dense(
+        ln_out,
+        kernel_1,
+        bias_1,
+        activation_type=activation_type,
+        quantizer_set=quantizer_sets[0],
+        act_params=act_params,
+        implementation=implementation,
+    )
+    if dropout is not None:
+        h = dropout(h)
+    out = dense(
+        h, kernel_2, bias_2, quantizer_set=quantizer_sets[1], implementation=implementation
+    )
+    return out, ln_out

@@ -1,0 +1,24 @@
+"""Flax NNX modules on te_jax's fused dense: ``Linear``, ``LayerNorm``, ``LayerNormLinear`` and
+``LayerNormMLP`` (the options of the Linen modules in ``te_jax.flax``, explicit ``rngs``), plus
+the FP8 state helpers.
+
+FP8: give a module ``recipe=te_jax.recipe.DelayedScaling()`` (or ``CurrentScaling()``,
+``MXFP8BlockScaling()``). Delayed scaling's state lives in ``FP8Meta`` variables (an
+``nnx.Variable`` subclass, so ``nnx.Optimizer(..., wrt=nnx.Param)`` never trains it); its new
+value is the gradient of the loss with respect to them: differentiate with
+``nnx.DiffState(0, (nnx.Param, FP8Meta))`` and apply ``update_fp8_state(model, grads)``.
+docs/flax.md shows the training loop.
+"""
+
+from te_jax.nnx.fp8_state import FP8Meta, QuantizerState, update_fp8_state
+from te_jax.nnx.modules import LayerNorm, LayerNormLinear, LayerNormMLP, Linear
+
+__all__ = [
+    "Linear",
+    "LayerNorm",
+    "LayerNormLinear",
+    "LayerNormMLP",
+    "FP8Meta",
+    "QuantizerState",
+    "update_fp8_state",
+]

@@ -1,0 +1,46 @@
+"""Delayed scaling's state in an NNX module: ``FP8Meta`` variables, one per state array of each
+GEMM's ``QuantizerSet`` (``x_scale``, ``x_amax_history``, ..., ``grad_amax_history``).
+
+The variables are read (never written) in the forward; ``te_jax.dense`` returns the updated set
+as the cotangent of its ``quantizer_set``, so the gradient of the loss with respect to the
+``FP8Meta`` variables *is* the next state (x's and the kernel's quantizers updated with the
+forward's amaxes, the gradient's with the backward's: docs/numerics.md §4).
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from te_jax.recipe import QuantizerSet, Recipe
+
+__all__ = ["FP8Meta", "QuantizerState", "update_fp8_state"]
+
+
+class FP8Meta(nnx.Variable):
+    """FP8 scaling state (delayed scaling's scales and amax histories): not a parameter, never
+    trained; replaced by its gradient (the next state) each step."""
+
+
+class QuantizerState(nnx.Module):
+    """The quantizers of one GEMM under ``recipe``; delayed scaling's state as ``FP8Meta``
+    attributes named as ``QuantizerSet.state()`` names them. Calling it gives the
+    ``QuantizerSet`` (fresh for the stateless recipes, ``None`` without a recipe)."""
+
+    def __init__(self, recipe: Recipe | None):
+        self.recipe = recipe
+        for name, value in QuantizerSet.create(recipe).state().items():
+            setattr(self, name, FP8Meta(value))
+
+    def __call__(self) -> QuantizerSet | None:
+        if self.recipe is None:
+            return None
+        qs = QuantizerSet.create(self.recipe)
+        state = {name: getattr(self, name)[...] for name in qs.state()}
+        return qs.with_state(state) if state else qs
+
+
+def update_fp8_state(model: nnx.Module, grads) -> None:
+    """Set every ``FP8Meta`` variable of ``model`` to its gradient in ``grads`` (the next FP8
+    state), in place; a no-op where ``grads`` holds none (e.g. taken with respect to
+    ``nnx.Param`` only)."""
+    nnx.update(model, nnx.state(grads, FP8Meta))
