@@ -181,6 +181,26 @@ def test_x_without_leading_axes(rng):
     run_and_check(rng, (7,), 33, jnp.bfloat16, ACT_BY_ALIAS["gelu"], label="1-D x")
 
 
+@pytest.mark.parametrize(
+    "act", [None, ACT_BY_ALIAS["gelu"], ACT_BY_ALIAS["relu"]], ids=["gemm", "gelu", "relu"]
+)
+def test_several_output_axes(act, rng):
+    """A kernel (K, N1, N2) with a non-gated activation is the (K, N1·N2) dense, reshaped:
+    the same y and gradients, bit for bit."""
+    x, w, b, dy = make_operands(rng, (2, 3, 8), 12, jnp.float32, act)
+    name = None if act is None else names(act)
+
+    def grads(w_shape, b_shape, dy_shape):
+        f = lambda x, w, b: te_jax.dense(x, w.reshape(w_shape), b.reshape(b_shape), name)  # noqa: E731
+        y, vjp = jax.vjp(f, x, w, b)
+        return (y.reshape(2, 3, 12), *vjp(dy.reshape(dy_shape)))
+
+    for a, c in zip(
+        grads((8, 3, 4), (3, 4), (2, 3, 3, 4)), grads((8, 12), (12,), (2, 3, 12)), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+
+
 def test_several_contracting_axes(rng):
     """contracting_dims ((-2, -1), (0, 1)): x (..., K1, K2) with kernel (K1, K2, N) is the GEMM
     over K = K1·K2."""

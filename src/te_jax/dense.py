@@ -543,10 +543,9 @@ def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
         if quantizer is None:
             return dy2, dbias
         return quantize(dy2, quantizer, implementation=impl), dbias
-    # act_in is h, or for the ReLU epilogue y, whose sign is h's: relu'(y) == relu'(h).
-    x_act = act_in.reshape(
-        (ops.m,) + (cfg.out_features if _epilogue(cfg) is GemmEpilogue.RELU else cfg.features)
-    )
+    # act_in is h, or for the ReLU epilogue y, whose sign is h's: relu'(y) == relu'(h). A
+    # non-gated activation is elementwise: h as (M, F) whatever the kernel's output axes.
+    x_act = act_in.reshape((ops.m,) + (cfg.features if cfg.act.is_gated else (ops.f,)))
     dh, dbias = quantize_dact_dbias(
         dy2,
         x_act,

@@ -236,7 +236,5 @@ def layernorm_mlp(
     )
     if dropout is not None:
         h = dropout(h)
-    out = dense(
-        h, kernel_2, bias_2, quantizer_set=quantizer_sets[1], implementation=implementation
-    )
+    out = dense(h, kernel_2, bias_2, quantizer_set=quantizer_sets[1], implementation=implementation)
     return out, ln_out

@@ -58,8 +58,9 @@ def layernorm(
     kind = check_norm_type(where, layernorm_type)
     h = jnp.shape(x)[-1]
     if jnp.shape(gamma) != (h,):
-        raise ValueError(f"{where}: gamma must be ({h},) for x of shape {jnp.shape(x)}, got "
-                         f"{jnp.shape(gamma)}")
+        raise ValueError(
+            f"{where}: gamma must be ({h},) for x of shape {jnp.shape(x)}, got {jnp.shape(gamma)}"
+        )
     if kind == "rmsnorm" and beta is not None:
         raise ValueError(f"{where}: rmsnorm has no beta (got one of shape {jnp.shape(beta)})")
     if beta is not None and jnp.shape(beta) != (h,):

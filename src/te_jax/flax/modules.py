@@ -62,14 +62,21 @@ class _NormParams:
             nn.initializers.zeros if module.zero_centered_gamma else nn.initializers.ones
         )
         gamma = _param(
-            module, "scale", scale_init, layers.fit_axes(where, module.scale_axes, (hidden,), True),
-            (hidden,), module.param_dtype,
+            module,
+            "scale",
+            scale_init,
+            layers.fit_axes(where, module.scale_axes, (hidden,), True),
+            (hidden,),
+            module.param_dtype,
         )
         beta = None
         if kind == "layernorm":
             beta = _param(
-                module, "ln_bias", module.ln_bias_init,
-                layers.fit_axes(where, module.ln_bias_axes, (hidden,), True), (hidden,),
+                module,
+                "ln_bias",
+                module.ln_bias_init,
+                layers.fit_axes(where, module.ln_bias_axes, (hidden,), True),
+                (hidden,),
                 module.param_dtype,
             )
         return gamma, beta
@@ -98,8 +105,12 @@ class LayerNorm(nn.Module):
         x = jnp.asarray(x).astype(_compute_dtype(self.dtype, x))
         gamma, beta = _NormParams.create(self, x.shape[-1], "te_jax.flax.LayerNorm")
         return layernorm(
-            x, gamma, beta, layernorm_type=self.layernorm_type,
-            zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+            x,
+            gamma,
+            beta,
+            layernorm_type=self.layernorm_type,
+            zero_centered_gamma=self.zero_centered_gamma,
+            epsilon=self.epsilon,
         )
 
 
@@ -129,8 +140,9 @@ class DenseGeneral(nn.Module):
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """``inputs (..., *in)`` → ``(..., *features)`` in the compute dtype."""
         x = jnp.asarray(inputs)
-        return _dense_general(self, x.astype(_compute_dtype(self.dtype, x)), self.axis,
-                              "te_jax.flax.DenseGeneral")
+        return _dense_general(
+            self, x.astype(_compute_dtype(self.dtype, x)), self.axis, "te_jax.flax.DenseGeneral"
+        )
 
 
 def _dense_general(module, x, axis, where: str):
@@ -144,18 +156,33 @@ def _dense_general(module, x, axis, where: str):
     gated = act is not None and act.is_gated
     k_shape = layers.dense_kernel_shape([x.shape[a] for a in axes], features, act)
     kernel = _kernel(
-        module, "kernel", module.kernel_init,
+        module,
+        "kernel",
+        module.kernel_init,
         layers.fit_axes(where, module.kernel_axes, k_shape, gated),
-        k_shape, len(axes), gated, module.param_dtype,
+        k_shape,
+        len(axes),
+        gated,
+        module.param_dtype,
     )
     bias = None
     if module.use_bias:
-        b_shape = k_shape[len(axes):]
-        bias = _param(module, "bias", module.bias_init,
-                      layers.fit_axes(where, module.bias_axes, b_shape, gated), b_shape,
-                      module.param_dtype)
+        b_shape = k_shape[len(axes) :]
+        bias = _param(
+            module,
+            "bias",
+            module.bias_init,
+            layers.fit_axes(where, module.bias_axes, b_shape, gated),
+            b_shape,
+            module.param_dtype,
+        )
     return layers.dense_general(
-        x, kernel, bias, axis=axes, activation_type=act, act_params=params,
+        x,
+        kernel,
+        bias,
+        axis=axes,
+        activation_type=act,
+        act_params=params,
         quantizer_set=quantizer_set(module, recipe, "kernel"),
         implementation=module.implementation,
     )
@@ -201,8 +228,12 @@ class LayerNormDenseGeneral(nn.Module):
         if self.enable_layernorm:
             gamma, beta = _NormParams.create(self, x.shape[-1], where)
             ln_out = layernorm(
-                x, gamma, beta, layernorm_type=self.layernorm_type,
-                zero_centered_gamma=self.zero_centered_gamma, epsilon=self.epsilon,
+                x,
+                gamma,
+                beta,
+                layernorm_type=self.layernorm_type,
+                zero_centered_gamma=self.zero_centered_gamma,
+                epsilon=self.epsilon,
             )
         out = _dense_general(self, ln_out, -1, where)
         return out, (ln_out if self.return_layernorm_output else None)
@@ -258,8 +289,10 @@ class LayerNormMLP(nn.Module):
             raise ValueError(f"{where}: activations must name an activation, got None")
         recipe = layers.check_recipe(where, self.recipe)
         if not 0.0 <= self.intermediate_dropout_rate < 1.0:
-            raise ValueError(f"{where}: intermediate_dropout_rate must be in [0, 1), got "
-                             f"{self.intermediate_dropout_rate}")
+            raise ValueError(
+                f"{where}: intermediate_dropout_rate must be in [0, 1), got "
+                f"{self.intermediate_dropout_rate}"
+            )
         x = jnp.asarray(inputs)
         x = x.astype(_compute_dtype(self.dtype, x))
         hidden, inter, gated = x.shape[-1], self.intermediate_dim, act.is_gated
@@ -267,20 +300,44 @@ class LayerNormMLP(nn.Module):
         if self.enable_layernorm:
             gamma, beta = _NormParams.create(self, hidden, where)
         k1_shape = layers.mlp_kernel_1_shape(hidden, inter, act)
-        k1 = _kernel(self, "wi_kernel", self.kernel_init,
-                     layers.fit_axes(where, self.kernel_axes_1, k1_shape, gated),
-                     k1_shape, 1, gated, self.param_dtype)
-        k2 = _kernel(self, "wo_kernel", self.kernel_init,
-                     layers.fit_axes(where, self.kernel_axes_2, (inter, hidden), False),
-                     (inter, hidden), 1, False, self.param_dtype)
+        k1 = _kernel(
+            self,
+            "wi_kernel",
+            self.kernel_init,
+            layers.fit_axes(where, self.kernel_axes_1, k1_shape, gated),
+            k1_shape,
+            1,
+            gated,
+            self.param_dtype,
+        )
+        k2 = _kernel(
+            self,
+            "wo_kernel",
+            self.kernel_init,
+            layers.fit_axes(where, self.kernel_axes_2, (inter, hidden), False),
+            (inter, hidden),
+            1,
+            False,
+            self.param_dtype,
+        )
         b1 = b2 = None
         if self.use_bias:
-            b1 = _param(self, "wi_bias", self.bias_init,
-                        layers.fit_axes(where, self.bias_axes_1, k1_shape[1:], gated),
-                        k1_shape[1:], self.param_dtype)
-            b2 = _param(self, "wo_bias", self.bias_init,
-                        layers.fit_axes(where, self.bias_axes_2, (hidden,), False), (hidden,),
-                        self.param_dtype)
+            b1 = _param(
+                self,
+                "wi_bias",
+                self.bias_init,
+                layers.fit_axes(where, self.bias_axes_1, k1_shape[1:], gated),
+                k1_shape[1:],
+                self.param_dtype,
+            )
+            b2 = _param(
+                self,
+                "wo_bias",
+                self.bias_init,
+                layers.fit_axes(where, self.bias_axes_2, (hidden,), False),
+                (hidden,),
+                self.param_dtype,
+            )
         dropout = None
         if self.intermediate_dropout_rate > 0.0 and not deterministic:
             drop = nn.Dropout(
@@ -293,10 +350,20 @@ class LayerNormMLP(nn.Module):
                 return drop(h, deterministic=False)
 
         out, ln_out = layers.layernorm_mlp(
-            x, k1, k2, b1, b2, gamma, beta, activation_type=act, act_params=params,
-            layernorm_type=self.layernorm_type, zero_centered_gamma=self.zero_centered_gamma,
+            x,
+            k1,
+            k2,
+            b1,
+            b2,
+            gamma,
+            beta,
+            activation_type=act,
+            act_params=params,
+            layernorm_type=self.layernorm_type,
+            zero_centered_gamma=self.zero_centered_gamma,
             epsilon=self.epsilon,
             quantizer_sets=(quantizer_set(self, recipe, "wi"), quantizer_set(self, recipe, "wo")),
-            dropout=dropout, implementation=self.implementation,
+            dropout=dropout,
+            implementation=self.implementation,
         )
         return out, (ln_out if self.return_layernorm_output else None)

@@ -52,24 +52,47 @@ class _Norm:
     """The norm's parameters (``scale``, ``ln_bias``) set on a module, and its application."""
 
     @staticmethod
-    def setup(module, hidden, layernorm_type, epsilon, zero_centered_gamma, scale_init,
-              scale_axes, ln_bias_init, ln_bias_axes, param_dtype, rngs, where):
+    def setup(
+        module,
+        hidden,
+        layernorm_type,
+        epsilon,
+        zero_centered_gamma,
+        scale_init,
+        scale_axes,
+        ln_bias_init,
+        ln_bias_axes,
+        param_dtype,
+        rngs,
+        where,
+    ):
         module.layernorm_type = check_norm_type(where, layernorm_type)
         module.epsilon = epsilon
         module.zero_centered_gamma = zero_centered_gamma
-        init = scale_init or (nnx.initializers.zeros if zero_centered_gamma
-                              else nnx.initializers.ones)
-        module.scale = _param(init(rngs.params(), (hidden,), param_dtype),
-                              layers.fit_axes(where, scale_axes, (hidden,), True))
-        module.ln_bias = None if module.layernorm_type != "layernorm" else _param(
-            ln_bias_init(rngs.params(), (hidden,), param_dtype),
-            layers.fit_axes(where, ln_bias_axes, (hidden,), True))
+        init = scale_init or (
+            nnx.initializers.zeros if zero_centered_gamma else nnx.initializers.ones
+        )
+        module.scale = _param(
+            init(rngs.params(), (hidden,), param_dtype),
+            layers.fit_axes(where, scale_axes, (hidden,), True),
+        )
+        module.ln_bias = (
+            None
+            if module.layernorm_type != "layernorm"
+            else _param(
+                ln_bias_init(rngs.params(), (hidden,), param_dtype),
+                layers.fit_axes(where, ln_bias_axes, (hidden,), True),
+            )
+        )
 
     @staticmethod
     def apply(module, x):
         return layernorm(
-            x, module.scale[...], None if module.ln_bias is None else module.ln_bias[...],
-            layernorm_type=module.layernorm_type, zero_centered_gamma=module.zero_centered_gamma,
+            x,
+            module.scale[...],
+            None if module.ln_bias is None else module.ln_bias[...],
+            layernorm_type=module.layernorm_type,
+            zero_centered_gamma=module.zero_centered_gamma,
             epsilon=module.epsilon,
         )
 
@@ -81,16 +104,36 @@ class LayerNorm(nnx.Module):
     ``"layernorm"``, ``ln_bias (H,)``.
     """
 
-    def __init__(self, num_features: int, *, layernorm_type: str = "layernorm",
-                 epsilon: float = 1e-6, zero_centered_gamma: bool = False,
-                 scale_init: Initializer | None = None, scale_axes: Sequence[str] = ("embed",),
-                 ln_bias_init: Initializer = nnx.initializers.zeros,
-                 ln_bias_axes: Sequence[str] = ("embed",), dtype: Any = None,
-                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        num_features: int,
+        *,
+        layernorm_type: str = "layernorm",
+        epsilon: float = 1e-6,
+        zero_centered_gamma: bool = False,
+        scale_init: Initializer | None = None,
+        scale_axes: Sequence[str] = ("embed",),
+        ln_bias_init: Initializer = nnx.initializers.zeros,
+        ln_bias_axes: Sequence[str] = ("embed",),
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
         self.dtype = dtype
-        _Norm.setup(self, num_features, layernorm_type, epsilon, zero_centered_gamma, scale_init,
-                    scale_axes, ln_bias_init, ln_bias_axes, param_dtype, rngs,
-                    "te_jax.nnx.LayerNorm")
+        _Norm.setup(
+            self,
+            num_features,
+            layernorm_type,
+            epsilon,
+            zero_centered_gamma,
+            scale_init,
+            scale_axes,
+            ln_bias_init,
+            ln_bias_axes,
+            param_dtype,
+            rngs,
+            "te_jax.nnx.LayerNorm",
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., H)`` → ``(..., H)`` in the compute dtype."""
@@ -103,32 +146,58 @@ class _Dense:
     application (``te_jax.layers.dense_general`` over x's trailing ``in_features`` axes)."""
 
     @staticmethod
-    def setup(module, in_features, out_features, use_bias, activation, activation_params,
-              kernel_init, bias_init, kernel_axes, bias_axes, param_dtype, recipe,
-              implementation, rngs, where):
+    def setup(
+        module,
+        in_features,
+        out_features,
+        use_bias,
+        activation,
+        activation_params,
+        kernel_init,
+        bias_init,
+        kernel_axes,
+        bias_axes,
+        param_dtype,
+        recipe,
+        implementation,
+        rngs,
+        where,
+    ):
         module.act, module.act_params = layers.resolve_activation(
-            where, activation, activation_params)
+            where, activation, activation_params
+        )
         module.implementation = implementation
         in_shape, features = _as_tuple(in_features), _as_tuple(out_features)
         gated = module.act is not None and module.act.is_gated
         k_shape = layers.dense_kernel_shape(in_shape, features, module.act)
         module.n_in = len(in_shape)
         module.kernel = _param(
-            layers.init_kernel(kernel_init, rngs.params(), k_shape, len(in_shape), gated,
-                               param_dtype),
-            layers.fit_axes(where, kernel_axes, k_shape, gated))
-        b_shape = k_shape[len(in_shape):]
-        module.bias = None if not use_bias else _param(
-            bias_init(rngs.params(), b_shape, param_dtype),
-            layers.fit_axes(where, bias_axes, b_shape, gated))
+            layers.init_kernel(
+                kernel_init, rngs.params(), k_shape, len(in_shape), gated, param_dtype
+            ),
+            layers.fit_axes(where, kernel_axes, k_shape, gated),
+        )
+        b_shape = k_shape[len(in_shape) :]
+        module.bias = (
+            None
+            if not use_bias
+            else _param(
+                bias_init(rngs.params(), b_shape, param_dtype),
+                layers.fit_axes(where, bias_axes, b_shape, gated),
+            )
+        )
         module.quantizers = QuantizerState(layers.check_recipe(where, recipe))
 
     @staticmethod
     def apply(module, x):
         return layers.dense_general(
-            x, module.kernel[...], None if module.bias is None else module.bias[...],
-            axis=tuple(range(-module.n_in, 0)), activation_type=module.act,
-            act_params=module.act_params, quantizer_set=module.quantizers(),
+            x,
+            module.kernel[...],
+            None if module.bias is None else module.bias[...],
+            axis=tuple(range(-module.n_in, 0)),
+            activation_type=module.act,
+            act_params=module.act_params,
+            quantizer_set=module.quantizers(),
             implementation=module.implementation,
         )
 
@@ -141,17 +210,42 @@ class Linear(nnx.Module):
     ``recipe`` the GEMMs run in FP8; delayed scaling's state is in ``quantizers``.
     """
 
-    def __init__(self, in_features: int | Sequence[int], out_features: int | Sequence[int], *,
-                 use_bias: bool = True, activation: ActivationLike | None = None,
-                 activation_params: Any = None, kernel_init: Initializer = _KERNEL_INIT,
-                 bias_init: Initializer = nnx.initializers.zeros,
-                 kernel_axes: Sequence[str | None] = (), bias_axes: Sequence[str | None] = (),
-                 dtype: Any = None, param_dtype: Any = jnp.float32, recipe: Recipe | None = None,
-                 implementation: str | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_features: int | Sequence[int],
+        out_features: int | Sequence[int],
+        *,
+        use_bias: bool = True,
+        activation: ActivationLike | None = None,
+        activation_params: Any = None,
+        kernel_init: Initializer = _KERNEL_INIT,
+        bias_init: Initializer = nnx.initializers.zeros,
+        kernel_axes: Sequence[str | None] = (),
+        bias_axes: Sequence[str | None] = (),
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        recipe: Recipe | None = None,
+        implementation: str | None = None,
+        rngs: nnx.Rngs,
+    ):
         self.dtype = dtype
-        _Dense.setup(self, in_features, out_features, use_bias, activation, activation_params,
-                     kernel_init, bias_init, kernel_axes, bias_axes, param_dtype, recipe,
-                     implementation, rngs, "te_jax.nnx.Linear")
+        _Dense.setup(
+            self,
+            in_features,
+            out_features,
+            use_bias,
+            activation,
+            activation_params,
+            kernel_init,
+            bias_init,
+            kernel_axes,
+            bias_axes,
+            param_dtype,
+            recipe,
+            implementation,
+            rngs,
+            "te_jax.nnx.Linear",
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., *in_features)`` → ``(..., *out_features)`` in the compute dtype."""
@@ -166,30 +260,69 @@ class LayerNormLinear(nnx.Module):
     ``return_layernorm_output``). Parameters: ``scale``, ``ln_bias``, ``kernel``, ``bias``.
     """
 
-    def __init__(self, in_features: int, out_features: int | Sequence[int], *,
-                 enable_layernorm: bool = True, layernorm_type: str = "layernorm",
-                 epsilon: float = 1e-6, zero_centered_gamma: bool = False,
-                 scale_init: Initializer | None = None, scale_axes: Sequence[str] = ("embed",),
-                 ln_bias_init: Initializer = nnx.initializers.zeros,
-                 ln_bias_axes: Sequence[str] = ("embed",), use_bias: bool = False,
-                 activation: ActivationLike | None = None, activation_params: Any = None,
-                 kernel_init: Initializer = _KERNEL_INIT,
-                 bias_init: Initializer = nnx.initializers.zeros,
-                 kernel_axes: Sequence[str | None] = (), bias_axes: Sequence[str | None] = (),
-                 return_layernorm_output: bool = True, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, recipe: Recipe | None = None,
-                 implementation: str | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int | Sequence[int],
+        *,
+        enable_layernorm: bool = True,
+        layernorm_type: str = "layernorm",
+        epsilon: float = 1e-6,
+        zero_centered_gamma: bool = False,
+        scale_init: Initializer | None = None,
+        scale_axes: Sequence[str] = ("embed",),
+        ln_bias_init: Initializer = nnx.initializers.zeros,
+        ln_bias_axes: Sequence[str] = ("embed",),
+        use_bias: bool = False,
+        activation: ActivationLike | None = None,
+        activation_params: Any = None,
+        kernel_init: Initializer = _KERNEL_INIT,
+        bias_init: Initializer = nnx.initializers.zeros,
+        kernel_axes: Sequence[str | None] = (),
+        bias_axes: Sequence[str | None] = (),
+        return_layernorm_output: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        recipe: Recipe | None = None,
+        implementation: str | None = None,
+        rngs: nnx.Rngs,
+    ):
         where = "te_jax.nnx.LayerNormLinear"
         self.dtype = dtype
         self.enable_layernorm = enable_layernorm
         self.return_layernorm_output = return_layernorm_output
         if enable_layernorm:
-            _Norm.setup(self, in_features, layernorm_type, epsilon, zero_centered_gamma,
-                        scale_init, scale_axes, ln_bias_init, ln_bias_axes, param_dtype, rngs,
-                        where)
-        _Dense.setup(self, in_features, out_features, use_bias, activation, activation_params,
-                     kernel_init, bias_init, kernel_axes, bias_axes, param_dtype, recipe,
-                     implementation, rngs, where)
+            _Norm.setup(
+                self,
+                in_features,
+                layernorm_type,
+                epsilon,
+                zero_centered_gamma,
+                scale_init,
+                scale_axes,
+                ln_bias_init,
+                ln_bias_axes,
+                param_dtype,
+                rngs,
+                where,
+            )
+        _Dense.setup(
+            self,
+            in_features,
+            out_features,
+            use_bias,
+            activation,
+            activation_params,
+            kernel_init,
+            bias_init,
+            kernel_axes,
+            bias_axes,
+            param_dtype,
+            recipe,
+            implementation,
+            rngs,
+            where,
+        )
 
     def __call__(self, x: jax.Array):
         """``x (..., H)`` → ``(y (..., *out_features), ln_out (..., H) or None)``."""
@@ -211,32 +344,46 @@ class LayerNormMLP(nnx.Module):
     ``dropout`` stream; it is off under ``deterministic=True`` or after ``model.eval()``.
     """
 
-    def __init__(self, hidden_size: int, intermediate_dim: int, *,
-                 activations: ActivationLike = ("gelu",), activation_params: Any = None,
-                 use_bias: bool = False, enable_layernorm: bool = True,
-                 layernorm_type: str = "layernorm", epsilon: float = 1e-6,
-                 zero_centered_gamma: bool = False, scale_init: Initializer | None = None,
-                 scale_axes: Sequence[str] = ("embed",),
-                 ln_bias_init: Initializer = nnx.initializers.zeros,
-                 ln_bias_axes: Sequence[str] = ("embed",),
-                 kernel_init: Initializer = _KERNEL_INIT,
-                 kernel_axes_1: Sequence[str | None] = ("embed", "act", "mlp"),
-                 kernel_axes_2: Sequence[str | None] = ("mlp", "embed"),
-                 bias_init: Initializer = nnx.initializers.zeros,
-                 bias_axes_1: Sequence[str | None] = ("act", "mlp"),
-                 bias_axes_2: Sequence[str | None] = ("embed",),
-                 intermediate_dropout_rate: float = 0.0,
-                 intermediate_hidden_dropout_dims: Sequence[int] = (),
-                 return_layernorm_output: bool = True, dtype: Any = None,
-                 param_dtype: Any = jnp.float32, recipe: Recipe | None = None,
-                 implementation: str | None = None, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_dim: int,
+        *,
+        activations: ActivationLike = ("gelu",),
+        activation_params: Any = None,
+        use_bias: bool = False,
+        enable_layernorm: bool = True,
+        layernorm_type: str = "layernorm",
+        epsilon: float = 1e-6,
+        zero_centered_gamma: bool = False,
+        scale_init: Initializer | None = None,
+        scale_axes: Sequence[str] = ("embed",),
+        ln_bias_init: Initializer = nnx.initializers.zeros,
+        ln_bias_axes: Sequence[str] = ("embed",),
+        kernel_init: Initializer = _KERNEL_INIT,
+        kernel_axes_1: Sequence[str | None] = ("embed", "act", "mlp"),
+        kernel_axes_2: Sequence[str | None] = ("mlp", "embed"),
+        bias_init: Initializer = nnx.initializers.zeros,
+        bias_axes_1: Sequence[str | None] = ("act", "mlp"),
+        bias_axes_2: Sequence[str | None] = ("embed",),
+        intermediate_dropout_rate: float = 0.0,
+        intermediate_hidden_dropout_dims: Sequence[int] = (),
+        return_layernorm_output: bool = True,
+        dtype: Any = None,
+        param_dtype: Any = jnp.float32,
+        recipe: Recipe | None = None,
+        implementation: str | None = None,
+        rngs: nnx.Rngs,
+    ):
         where = "te_jax.nnx.LayerNormMLP"
         act, self.act_params = layers.resolve_activation(where, activations, activation_params)
         if act is None:
             raise ValueError(f"{where}: activations must name an activation, got None")
         if not 0.0 <= intermediate_dropout_rate < 1.0:
-            raise ValueError(f"{where}: intermediate_dropout_rate must be in [0, 1), got "
-                             f"{intermediate_dropout_rate}")
+            raise ValueError(
+                f"{where}: intermediate_dropout_rate must be in [0, 1), got "
+                f"{intermediate_dropout_rate}"
+            )
         recipe = layers.check_recipe(where, recipe)
         self.act, self.dtype, self.implementation = act, dtype, implementation
         self.enable_layernorm = enable_layernorm
@@ -244,9 +391,20 @@ class LayerNormMLP(nnx.Module):
         self.layernorm_type = check_norm_type(where, layernorm_type)
         self.epsilon, self.zero_centered_gamma = epsilon, zero_centered_gamma
         if enable_layernorm:
-            _Norm.setup(self, hidden_size, layernorm_type, epsilon, zero_centered_gamma,
-                        scale_init, scale_axes, ln_bias_init, ln_bias_axes, param_dtype, rngs,
-                        where)
+            _Norm.setup(
+                self,
+                hidden_size,
+                layernorm_type,
+                epsilon,
+                zero_centered_gamma,
+                scale_init,
+                scale_axes,
+                ln_bias_init,
+                ln_bias_axes,
+                param_dtype,
+                rngs,
+                where,
+            )
         else:
             self.scale = self.ln_bias = None
         gated = act.is_gated
@@ -254,20 +412,32 @@ class LayerNormMLP(nnx.Module):
         k2_shape = (intermediate_dim, hidden_size)
         self.wi_kernel = _param(
             layers.init_kernel(kernel_init, rngs.params(), k1_shape, 1, gated, param_dtype),
-            layers.fit_axes(where, kernel_axes_1, k1_shape, gated))
+            layers.fit_axes(where, kernel_axes_1, k1_shape, gated),
+        )
         self.wo_kernel = _param(
             layers.init_kernel(kernel_init, rngs.params(), k2_shape, 1, False, param_dtype),
-            layers.fit_axes(where, kernel_axes_2, k2_shape, False))
+            layers.fit_axes(where, kernel_axes_2, k2_shape, False),
+        )
         if use_bias:
-            self.wi_bias = _param(bias_init(rngs.params(), k1_shape[1:], param_dtype),
-                                  layers.fit_axes(where, bias_axes_1, k1_shape[1:], gated))
-            self.wo_bias = _param(bias_init(rngs.params(), (hidden_size,), param_dtype),
-                                  layers.fit_axes(where, bias_axes_2, (hidden_size,), False))
+            self.wi_bias = _param(
+                bias_init(rngs.params(), k1_shape[1:], param_dtype),
+                layers.fit_axes(where, bias_axes_1, k1_shape[1:], gated),
+            )
+            self.wo_bias = _param(
+                bias_init(rngs.params(), (hidden_size,), param_dtype),
+                layers.fit_axes(where, bias_axes_2, (hidden_size,), False),
+            )
         else:
             self.wi_bias = self.wo_bias = None
-        self.dropout = None if intermediate_dropout_rate == 0.0 else nnx.Dropout(
-            intermediate_dropout_rate, broadcast_dims=tuple(intermediate_hidden_dropout_dims),
-            rngs=rngs)
+        self.dropout = (
+            None
+            if intermediate_dropout_rate == 0.0
+            else nnx.Dropout(
+                intermediate_dropout_rate,
+                broadcast_dims=tuple(intermediate_hidden_dropout_dims),
+                rngs=rngs,
+            )
+        )
         self.wi_quantizers = QuantizerState(recipe)
         self.wo_quantizers = QuantizerState(recipe)
 
@@ -278,15 +448,25 @@ class LayerNormMLP(nnx.Module):
         value = lambda v: None if v is None else v[...]  # noqa: E731
         dropout = None
         if self.dropout is not None:
+
             def dropout(h):
                 return self.dropout(h, deterministic=deterministic)
+
         out, ln_out = layers.layernorm_mlp(
-            x, self.wi_kernel[...], self.wo_kernel[...], value(self.wi_bias),
-            value(self.wo_bias), value(self.scale), value(self.ln_bias),
-            activation_type=self.act, act_params=self.act_params,
-            layernorm_type=self.layernorm_type, zero_centered_gamma=self.zero_centered_gamma,
+            x,
+            self.wi_kernel[...],
+            self.wo_kernel[...],
+            value(self.wi_bias),
+            value(self.wo_bias),
+            value(self.scale),
+            value(self.ln_bias),
+            activation_type=self.act,
+            act_params=self.act_params,
+            layernorm_type=self.layernorm_type,
+            zero_centered_gamma=self.zero_centered_gamma,
             epsilon=self.epsilon,
             quantizer_sets=(self.wi_quantizers(), self.wo_quantizers()),
-            dropout=dropout, implementation=self.implementation,
+            dropout=dropout,
+            implementation=self.implementation,
         )
         return out, (ln_out if self.return_layernorm_output else None)
