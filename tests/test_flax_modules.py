@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 import flax.linen as nn
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,6 +64,18 @@ def _nested_fp8_nnx(flat: dict, like) -> dict:
     return pure
 
 
+def _nnx_merge(graphdef, p_state, f_state, rest, params: dict, fp8: dict):
+    """The NNX module of ``nnx.split(m, nnx.Param, FP8Meta, ...)`` with its parameters and FP8
+    state replaced by the flat dicts ``params`` and ``fp8``."""
+    p = nnx.to_pure_dict(p_state)
+    p.update(params)
+    ps = nnx.State(p_state)
+    nnx.replace_by_pure_dict(ps, p)
+    fs = nnx.State(f_state)
+    nnx.replace_by_pure_dict(fs, _nested_fp8_nnx(fp8, f_state))
+    return nnx.merge(graphdef, ps, fs, rest)
+
+
 LINEN = {
     "LayerNormMLP": tef.LayerNormMLP,
     "DenseGeneral": tef.DenseGeneral,
@@ -98,13 +111,7 @@ def build(family: str, kind: str, hidden: int, x, seed=0, **opts) -> Built:
     graphdef, p_state, f_state, rest = nnx.split(m, nnx.Param, tnnx.FP8Meta, ...)
 
     def apply(params, fp8, x, rng=None, deterministic=True):
-        p = nnx.to_pure_dict(p_state)
-        p.update(params)
-        ps = nnx.State(p_state)
-        nnx.replace_by_pure_dict(ps, p)
-        fs = nnx.State(f_state)
-        nnx.replace_by_pure_dict(fs, _nested_fp8_nnx(fp8, f_state))
-        model = nnx.merge(graphdef, ps, fs, rest)
+        model = _nnx_merge(graphdef, p_state, f_state, rest, params, fp8)
         if rng is not None:
             model.dropout.rngs = nnx.Rngs(dropout=rng).dropout
         if kind == "LayerNormMLP":
@@ -574,3 +581,239 @@ def test_training_tracks_the_flax_block(family, name, rng):
     assert ref[-1] < 0.5 * ref[0], "the reference did not train"
     tol = 1e-2 if name is None else 5e-2
     assert np.max(np.abs(ours - ref) / ref) <= tol, np.max(np.abs(ours - ref) / ref)
+
+
+# ---- transformations ---------------------------------------------------------------------
+
+
+def _scanned_stack(family, n, d, x, opts):
+    """``n`` residual LayerNormMLP layers under ``nn.scan`` / ``nnx.scan``, each rematerialised:
+    ``(stacked params, stacked fp8 state, f(params, fp8, x))``, flat names as ``build``."""
+    if family == "linen":
+
+        class Residual(nn.Module):
+            @nn.compact
+            def __call__(self, x, _):
+                return x + tef.LayerNormMLP(**opts, name="mlp")(x)[0], None
+
+        stack = nn.scan(
+            nn.remat(Residual),
+            variable_axes={"params": 0, tef.FP8_COLLECTION: 0},
+            split_rngs={"params": True},
+            length=n,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )()
+        v = stack.init(jax.random.key(3), x, None)
+
+        def f(params, fp8, x):
+            return stack.apply({"params": {"mlp": params}, "fp8_metas": {"mlp": fp8}}, x, None)[0]
+
+        return nn.meta.unbox(v["params"]["mlp"]), v["fp8_metas"]["mlp"], f
+    opts = dict(opts)
+    inter = opts.pop("intermediate_dim")
+
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def create(key):
+        return tnnx.LayerNormMLP(d, inter, rngs=nnx.Rngs(key), **opts)
+
+    graphdef, p_state, f_state, rest = nnx.split(
+        create(jax.random.split(jax.random.key(3), n)), nnx.Param, tnnx.FP8Meta, ...
+    )
+
+    @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+    @nnx.remat
+    def forward(layer, x):
+        return x + layer(x)[0]
+
+    def f(params, fp8, x):
+        return forward(_nnx_merge(graphdef, p_state, f_state, rest, params, fp8), x)
+
+    return dict(nnx.to_pure_dict(p_state)), _flat_fp8_nnx(f_state), f
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scan_over_layers_with_remat(family, rng):
+    """A scanned, rematerialised stack equals the same layers unrolled: output, gradients and
+    every layer's new FP8 state (delayed scaling, stacked along the layer axis)."""
+    n, d = 3, 16
+    opts = dict(
+        intermediate_dim=32,
+        activations="gelu",
+        use_bias=True,
+        recipe=DelayedScaling(amax_history_len=4),
+        bias_init=nn.initializers.normal(0.2),
+    )
+    x = _x(rng, (4, d), jnp.float32)
+    params, fp8, scanned = _scanned_stack(family, n, d, x, opts)
+    assert params["wi_kernel"].shape == (n, d, 32) and fp8["wo_grad_amax_history"].shape == (n, 4)
+    layer = build(family, "LayerNormMLP", d, x, **opts)
+
+    def unrolled(params, fp8, x):
+        for i in range(n):
+            at = lambda t, i=i: jax.tree.map(lambda a: a[i], t)  # noqa: E731
+            x = x + layer.apply(at(params), at(fp8), x)[0]
+        return x
+
+    cot = _cotangent(x.shape)
+    grads = [
+        jax.jit(jax.value_and_grad(lambda p, s, x, f=f: jnp.sum(f(p, s, x) * cot), (0, 1, 2)))(
+            params, fp8, x
+        )
+        for f in (scanned, unrolled)
+    ]
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dropout_is_deterministic_under_a_fixed_rng(family, rng):
+    x = _x(rng, (8, 16), jnp.float32)
+    b = build(
+        family,
+        "LayerNormMLP",
+        16,
+        x,
+        intermediate_dim=64,
+        activations="relu",
+        intermediate_dropout_rate=0.5,
+    )
+    plain = build(family, "LayerNormMLP", 16, x, intermediate_dim=64, activations="relu")
+    run = lambda key, det=False: b.apply(b.params, b.fp8, x, rng=key, deterministic=det)[0]  # noqa: E731
+    k1, k2 = jax.random.key(11), jax.random.key(12)
+    np.testing.assert_array_equal(run(k1), run(k1))
+    assert not np.array_equal(run(k1), run(k2))
+    # deterministic: no dropout, the rate-0 block's output on the same parameters
+    np.testing.assert_array_equal(run(k1, det=True), plain.apply(b.params, plain.fp8, x)[0])
+    # the dropped intermediate: the output is the second GEMM of a masked, rescaled h
+    assert rel_err(run(k1), run(k1, det=True)) > 0.1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checkpoint_round_trip(family, rng):
+    """flax.serialization bytes of the parameters and the FP8 state restore the same module."""
+    x = _x(rng, (4, 32), jnp.float32)
+    opts = dict(
+        intermediate_dim=32,
+        activations=("silu", "linear"),
+        use_bias=True,
+        recipe=DelayedScaling(amax_history_len=4),
+    )
+    b = build(family, "LayerNormMLP", 32, x, **opts)
+    fp8 = jax.grad(lambda s: jnp.sum(b.apply(b.params, s, x)[0]))(b.fp8)  # a non-trivial state
+    blob = flax.serialization.to_bytes({"params": b.params, "fp8": fp8})
+    fresh = build(family, "LayerNormMLP", 32, x, seed=5, **opts)
+    restored = flax.serialization.from_bytes({"params": fresh.params, "fp8": fresh.fp8}, blob)
+    for a, c in zip(
+        jax.tree.leaves(restored), jax.tree.leaves({"params": b.params, "fp8": fp8}), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
+    np.testing.assert_array_equal(
+        fresh.apply(restored["params"], restored["fp8"], x)[0], b.apply(b.params, fp8, x)[0]
+    )
+    if family == "nnx":  # the module's own state, through nnx.state / nnx.update
+        m = tnnx.LayerNormMLP(
+            32,
+            32,
+            activations=("silu", "linear"),
+            use_bias=True,
+            recipe=DelayedScaling(amax_history_len=4),
+            rngs=nnx.Rngs(0),
+        )
+        blob = flax.serialization.to_bytes(nnx.to_pure_dict(nnx.state(m)))
+        m2 = tnnx.LayerNormMLP(
+            32,
+            32,
+            activations=("silu", "linear"),
+            use_bias=True,
+            recipe=DelayedScaling(amax_history_len=4),
+            rngs=nnx.Rngs(9),
+        )
+        state = nnx.state(m2)
+        nnx.replace_by_pure_dict(
+            state, flax.serialization.from_bytes(nnx.to_pure_dict(state), blob)
+        )
+        nnx.update(m2, state)
+        np.testing.assert_array_equal(m2(x)[0], m(x)[0])
+
+
+def test_fp8_state_helpers(rng):
+    """update_fp8_metas / update_fp8_state take the gradient's FP8 part as the new state and
+    leave the parameters to the optimizer; nnx.Optimizer(wrt=nnx.Param) never sees FP8Meta."""
+    x = _x(rng, (4, 32), jnp.float32)
+    recipe = DelayedScaling(amax_history_len=4)
+    m = tef.LayerNormMLP(32, activations="gelu", recipe=recipe)
+    v = m.init(jax.random.key(0), x)
+    g = jax.grad(lambda v: jnp.sum(m.apply(v, x)[0]))(v)
+    new = tef.update_fp8_metas(v, g)
+    assert new["params"] is v["params"] and new["fp8_metas"] is g["fp8_metas"]
+    assert tef.update_fp8_metas(v, {"params": g["params"]}) == dict(v)
+    _, updates = m.apply(v, x, mutable=[tef.FP8_COLLECTION])  # the issue's call form
+    assert set(updates) == {tef.FP8_COLLECTION}
+
+    model = tnnx.LayerNormMLP(32, 32, activations="gelu", recipe=recipe, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+    assert not jax.tree.leaves(nnx.state(opt.opt_state, tnnx.FP8Meta))
+    before = nnx.to_pure_dict(nnx.state(model, tnnx.FP8Meta))
+    grads = nnx.grad(
+        lambda m: jnp.sum(m(x)[0]), argnums=nnx.DiffState(0, (nnx.Param, tnnx.FP8Meta))
+    )(model)
+    opt.update(model, grads)
+    tnnx.update_fp8_state(model, grads)
+    after = nnx.to_pure_dict(nnx.state(model, tnnx.FP8Meta))
+    want = nnx.to_pure_dict(nnx.state(grads, tnnx.FP8Meta))
+    for a, w in zip(jax.tree.leaves(after), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, w)
+    assert float(after["wi_quantizers"]["x_amax_history"][-1]) > 0
+    assert float(before["wi_quantizers"]["x_amax_history"][-1]) == 0
+
+
+def test_logical_axis_names(rng):
+    """Every parameter carries logical axis names (TE-JAX's defaults; "act" dropped for a
+    non-gated activation)."""
+    x = _x(rng, (2, 16), jnp.float32)
+    for act, k1, b1 in (
+        (("silu", "linear"), ("embed", "act", "mlp"), ("act", "mlp")),
+        ("gelu", ("embed", "mlp"), ("mlp",)),
+    ):
+        want = {
+            "scale": ("embed",),
+            "ln_bias": ("embed",),
+            "wi_kernel": k1,
+            "wi_bias": b1,
+            "wo_kernel": ("mlp", "embed"),
+            "wo_bias": ("embed",),
+        }
+        v = tef.LayerNormMLP(32, activations=act, use_bias=True).init(jax.random.key(0), x)
+        got = {k: p.names for k, p in v["params"].items()}
+        assert got == want
+        m = tnnx.LayerNormMLP(16, 32, activations=act, use_bias=True, rngs=nnx.Rngs(0))
+        specs = nnx.get_partition_spec(nnx.state(m, nnx.Param))
+        assert {k: tuple(p.get_value()) for k, p in specs.items()} == want
+    v = tef.DenseGeneral(8, kernel_axes=("embed", "mlp"), bias_axes=("mlp",)).init(
+        jax.random.key(0), x
+    )
+    assert v["params"]["kernel"].names == ("embed", "mlp")
+
+
+ERRORS = {
+    "activation": (dict(activations="tanh"), ValueError, "LayerNormMLP: .*tanh"),
+    "no-activation": (dict(activations=None), ValueError, "activations must name"),
+    "recipe": (dict(recipe="fp8"), TypeError, "recipe must be"),
+    "norm": (dict(layernorm_type="batchnorm"), ValueError, "layernorm_type must be one of"),
+    "dropout": (dict(intermediate_dropout_rate=1.0), ValueError, r"in \[0, 1\)"),
+    "axes": (dict(kernel_axes_2=("a", "b", "c")), ValueError, "3 logical axis names"),
+    "params": (
+        dict(activations="gelu", activation_params={"limit": 3.0}),
+        ValueError,
+        "activation_params",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bad_options_raise(family, case):
+    opts, exc, match = ERRORS[case]
+    x = jnp.ones((2, 16))
+    with pytest.raises(exc, match=match):
+        build(family, "LayerNormMLP", 16, x, intermediate_dim=32, **opts)

@@ -72,11 +72,15 @@ def test_init_kernel_fan_in_and_gated_halves():
 
 def test_fit_axes():
     assert layers.fit_axes("t", (), (4, 5), False) is None
-    assert layers.fit_axes("t", ("embed", "act", "mlp"), (4, 2, 5), True) == ("embed", "act", "mlp")
-    assert layers.fit_axes("t", ("embed", "act", "mlp"), (4, 5), False) == ("embed", "mlp")
-    assert layers.fit_axes("t", ("act", "mlp"), (5,), False) == ("mlp",)
+    assert layers.fit_axes("t", ("embed", "act", "mlp"), (4, 2, 5), False) == (
+        "embed",
+        "act",
+        "mlp",
+    )
+    assert layers.fit_axes("t", ("embed", "act", "mlp"), (4, 5), True) == ("embed", "mlp")
+    assert layers.fit_axes("t", ("act", "mlp"), (5,), True) == ("mlp",)
     with pytest.raises(ValueError, match="3 logical axis names"):
-        layers.fit_axes("t", ("a", "b", "c"), (4,), False)
+        layers.fit_axes("t", ("a", "b", "c"), (4, 5), False)
 
 
 def test_resolve_activation():

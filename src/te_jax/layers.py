@@ -18,7 +18,7 @@ kernel is ``(H, I)``, or ``(H, 2, I)`` for a gated pair; its second ``(I, H)``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,7 @@ def resolve_activation(
         act = ActivationType.parse(activations)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    if isinstance(activation_params, dict):
+    if isinstance(activation_params, Mapping):
         try:
             return act, ActivationParams.create(act, **activation_params)
         except (TypeError, ValueError) as e:
@@ -102,17 +102,17 @@ def mlp_kernel_1_shape(hidden: int, intermediate: int, act: ActivationType) -> t
     return dense_kernel_shape((hidden,), (intermediate,), act)
 
 
-def fit_axes(where: str, axes: Sequence[str | None], shape: Sequence[int], gated: bool):
+def fit_axes(where: str, axes: Sequence[str | None], shape: Sequence[int], drop_gate: bool):
     """Logical axis names for a parameter of ``shape``: ``axes`` as given when their count
-    matches, or with the gate axis (index ``-2`` of a kernel, ``0`` of a bias: TE-JAX's
-    ``"act"``) dropped when the activation is not gated and one name too many is given;
-    ``None`` for no names (``()``)."""
+    matches; ``None`` for no names (``()``). With ``drop_gate`` (the MLP's first kernel or bias
+    under a non-gated activation) one name too many drops the gate axis's (index ``-2`` of the
+    kernel, ``0`` of the bias: TE-JAX's ``"act"``), so TE-JAX's default names fit both."""
     axes = tuple(axes)
     if not axes:
         return None
     if len(axes) == len(shape):
         return axes
-    if not gated and len(axes) == len(shape) + 1:
+    if drop_gate and len(axes) == len(shape) + 1:
         gate = len(axes) - 2 if len(shape) > 1 else 0
         return axes[:gate] + axes[gate + 1 :]
     raise ValueError(

@@ -65,7 +65,7 @@ class _NormParams:
             module,
             "scale",
             scale_init,
-            layers.fit_axes(where, module.scale_axes, (hidden,), True),
+            layers.fit_axes(where, module.scale_axes, (hidden,), False),
             (hidden,),
             module.param_dtype,
         )
@@ -75,7 +75,7 @@ class _NormParams:
                 module,
                 "ln_bias",
                 module.ln_bias_init,
-                layers.fit_axes(where, module.ln_bias_axes, (hidden,), True),
+                layers.fit_axes(where, module.ln_bias_axes, (hidden,), False),
                 (hidden,),
                 module.param_dtype,
             )
@@ -159,7 +159,7 @@ def _dense_general(module, x, axis, where: str):
         module,
         "kernel",
         module.kernel_init,
-        layers.fit_axes(where, module.kernel_axes, k_shape, gated),
+        layers.fit_axes(where, module.kernel_axes, k_shape, False),
         k_shape,
         len(axes),
         gated,
@@ -172,7 +172,7 @@ def _dense_general(module, x, axis, where: str):
             module,
             "bias",
             module.bias_init,
-            layers.fit_axes(where, module.bias_axes, b_shape, gated),
+            layers.fit_axes(where, module.bias_axes, b_shape, False),
             b_shape,
             module.param_dtype,
         )
@@ -304,7 +304,7 @@ class LayerNormMLP(nn.Module):
             self,
             "wi_kernel",
             self.kernel_init,
-            layers.fit_axes(where, self.kernel_axes_1, k1_shape, gated),
+            layers.fit_axes(where, self.kernel_axes_1, k1_shape, not gated),
             k1_shape,
             1,
             gated,
@@ -326,7 +326,7 @@ class LayerNormMLP(nn.Module):
                 self,
                 "wi_bias",
                 self.bias_init,
-                layers.fit_axes(where, self.bias_axes_1, k1_shape[1:], gated),
+                layers.fit_axes(where, self.bias_axes_1, k1_shape[1:], not gated),
                 k1_shape[1:],
                 self.param_dtype,
             )

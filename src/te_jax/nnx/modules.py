@@ -74,14 +74,14 @@ class _Norm:
         )
         module.scale = _param(
             init(rngs.params(), (hidden,), param_dtype),
-            layers.fit_axes(where, scale_axes, (hidden,), True),
+            layers.fit_axes(where, scale_axes, (hidden,), False),
         )
         module.ln_bias = (
             None
             if module.layernorm_type != "layernorm"
             else _param(
                 ln_bias_init(rngs.params(), (hidden,), param_dtype),
-                layers.fit_axes(where, ln_bias_axes, (hidden,), True),
+                layers.fit_axes(where, ln_bias_axes, (hidden,), False),
             )
         )
 
@@ -175,7 +175,7 @@ class _Dense:
             layers.init_kernel(
                 kernel_init, rngs.params(), k_shape, len(in_shape), gated, param_dtype
             ),
-            layers.fit_axes(where, kernel_axes, k_shape, gated),
+            layers.fit_axes(where, kernel_axes, k_shape, False),
         )
         b_shape = k_shape[len(in_shape) :]
         module.bias = (
@@ -183,7 +183,7 @@ class _Dense:
             if not use_bias
             else _param(
                 bias_init(rngs.params(), b_shape, param_dtype),
-                layers.fit_axes(where, bias_axes, b_shape, gated),
+                layers.fit_axes(where, bias_axes, b_shape, False),
             )
         )
         module.quantizers = QuantizerState(layers.check_recipe(where, recipe))
@@ -412,7 +412,7 @@ class LayerNormMLP(nnx.Module):
         k2_shape = (intermediate_dim, hidden_size)
         self.wi_kernel = _param(
             layers.init_kernel(kernel_init, rngs.params(), k1_shape, 1, gated, param_dtype),
-            layers.fit_axes(where, kernel_axes_1, k1_shape, gated),
+            layers.fit_axes(where, kernel_axes_1, k1_shape, not gated),
         )
         self.wo_kernel = _param(
             layers.init_kernel(kernel_init, rngs.params(), k2_shape, 1, False, param_dtype),
@@ -421,7 +421,7 @@ class LayerNormMLP(nnx.Module):
         if use_bias:
             self.wi_bias = _param(
                 bias_init(rngs.params(), k1_shape[1:], param_dtype),
-                layers.fit_axes(where, bias_axes_1, k1_shape[1:], gated),
+                layers.fit_axes(where, bias_axes_1, k1_shape[1:], not gated),
             )
             self.wo_bias = _param(
                 bias_init(rngs.params(), (hidden_size,), param_dtype),
