@@ -17,6 +17,9 @@
 # dbench    the dense (GEMM + bias + GELU, bf16 and FP8) benchmark (benchmarks/dense.py), Markdown
 #           + JSON under $OUT/bench, log in $OUT/dbench.log; ~2 min on an H100 (stops starting new
 #           work after 210 s); DBENCH_ARGS adds options (e.g. "--rows gelu")
+# mbench    the LayerNormMLP step benchmark (benchmarks/mlp.py: te_jax Linen / NNX against the
+#           Flax-native block and Flax fp8_ops), Markdown + JSON under $OUT/bench; MBENCH_ARGS adds
+#           options (e.g. "--blocks gelu --plot")
 # gsanitize the GEMM handler under compute-sanitizer: tests/test_gemm_primitive.py (GSANITIZE_K: a -k expression)
 #           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
@@ -132,6 +135,12 @@ for stage in "$@"; do
           >>"$OUT/gsanitize.log" 2>&1 || status=1
         grep -E "ERROR SUMMARY|passed|failed" "$OUT/gsanitize.log" | tail -n 3
       done
+      ;;
+    mbench)
+      stamp "MLP block benchmarks"
+      # shellcheck disable=SC2086
+      python3 -m benchmarks.mlp --out "$OUT/bench" ${MBENCH_ARGS:-} >"$OUT/mbench.log" 2>&1 || status=1
+      tail -n 60 "$OUT/mbench.log"
       ;;
     dbench)
       stamp "dense benchmarks"

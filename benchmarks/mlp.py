@@ -1,0 +1,394 @@
+"""MLP block benchmark: te_jax's ``LayerNormMLP`` (Linen and NNX; bf16, FP8 delayed and current
+scaling) against the Flax-native block and Flax's own FP8 (``nn.Fp8DotGeneralOp``), one
+training step each (forward + backward, no optimizer).
+
+    python -m benchmarks.mlp                         # GPU: tokens 8192, hidden 4096
+    python -m benchmarks.mlp --quick                 # tiny shapes, 3 samples (CPU smoke test)
+    python -m benchmarks.mlp --blocks gelu --rows flax:bf16,te_linen:delayed --plot --out DIR
+
+Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GELU block's
+parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
+it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
+``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
+jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, then the
+gradients of ``sum(out · dy)`` with respect to x, every parameter and (FP8 rows) the FP8 state,
+whose "gradient" is the next state.
+
+Per row: ms per step (median of ``--reps`` samples; samples of all rows interleaved, inputs
+rotated over 2 sets), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``: three GEMMs of each of
+the two dense layers; the norm and activation are not counted), speedup over ``flax:bf16`` of
+the same block, and the step's peak device memory as XLA's compiled memory analysis gives it
+(arguments + outputs + temporaries − aliased). Writes ``mlp_<backend>.md`` / ``.json`` and, with
+``--plot`` (matplotlib), ``mlp_<backend>.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks._report import pyplot
+from benchmarks._timing import time_functions
+
+BLOCKS = {"gelu": ("gelu",), "swiglu": ("silu", "linear")}
+GPU_SHAPE = {"tokens": 8192, "hidden": 4096, "gelu": 16384, "swiglu": 10944}
+QUICK_SHAPE = {"tokens": 256, "hidden": 128, "gelu": 512, "swiglu": 336}
+ROWS = (
+    "flax:bf16",
+    "flax:fp8_ops",
+    "te_linen:bf16",
+    "te_linen:delayed",
+    "te_linen:current",
+    "te_nnx:bf16",
+    "te_nnx:delayed",
+    "te_nnx:current",
+)
+# The issue's figures: row -> minimum speedup over flax:bf16.
+WANTED = {
+    "te_linen:bf16": 1.05,
+    "te_nnx:bf16": 1.05,
+    "te_linen:delayed": 1.55,
+    "te_nnx:delayed": 1.55,
+    "te_linen:current": 1.40,
+    "te_nnx:current": 1.40,
+}
+
+
+def _recipe(te_jax, name: str):
+    return {
+        "bf16": None,
+        "delayed": te_jax.recipe.DelayedScaling(),
+        "current": te_jax.recipe.CurrentScaling(),
+    }[name]
+
+
+def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
+    import flax.linen as nn
+
+    dot = {"dot_general_cls": nn.Fp8DotGeneralOp} if fp8 else {}
+
+    class FlaxMLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.LayerNorm(dtype=jnp.bfloat16, epsilon=1e-6)(x)
+            gated = len(act) == 2
+            h = nn.Dense(inter * (2 if gated else 1), dtype=jnp.bfloat16, **dot)(h)
+            if gated:
+                a, b = jnp.split(h, 2, axis=-1)
+                h = jax.nn.silu(a) * b
+            else:
+                h = jax.nn.gelu(h, approximate=True)
+            return nn.Dense(x.shape[-1], dtype=jnp.bfloat16, **dot)(h)
+
+    return FlaxMLP()
+
+
+def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
+    """``(state, step)``: ``step(state, x, dy)`` returns the gradients of ``sum(block(x) · dy)``
+    with respect to (state, x); ``state`` holds the parameters and any FP8 state."""
+    family, prec = row.split(":")
+    key = jax.random.key(0)
+    if family == "flax":
+        m = _flax_block(act, inter, prec == "fp8_ops")
+        state = m.init(key, x0)
+
+        def out(state, x):
+            return m.apply(state, x)
+
+    elif family == "te_linen":
+        import te_jax.flax as tef
+
+        m = tef.LayerNormMLP(
+            inter,
+            activations=act,
+            use_bias=True,
+            recipe=_recipe(te_jax, prec),
+            return_layernorm_output=False,
+        )
+        state = jax.tree.map(lambda a: a, m.init(key, x0))
+
+        def out(state, x):
+            return m.apply(state, x)[0]
+
+    else:
+        from flax import nnx
+
+        from te_jax import nnx as tnnx
+
+        model = tnnx.LayerNormMLP(
+            hidden,
+            inter,
+            activations=act,
+            use_bias=True,
+            recipe=_recipe(te_jax, prec),
+            return_layernorm_output=False,
+            rngs=nnx.Rngs(0),
+        )
+        graphdef, state = nnx.split(model)
+
+        def out(state, x):
+            return nnx.merge(graphdef, state)(x)[0]
+
+    @jax.jit
+    def step(state, x, dy):
+        return jax.grad(lambda s, x: jnp.sum(out(s, x).astype(jnp.float32) * dy), (0, 1))(state, x)
+
+    return state, step
+
+
+def _peak_bytes(step, args) -> int | None:
+    try:
+        ma = step.lower(*args).compile().memory_analysis()
+        return int(
+            ma.argument_size_in_bytes
+            + ma.output_size_in_bytes
+            + ma.temp_size_in_bytes
+            - ma.alias_size_in_bytes
+        )
+    except Exception:  # noqa: BLE001 - a backend without the analysis
+        return None
+
+
+def _kernels(step, args) -> str:
+    """te_jax custom calls and cuBLAS(Lt) GEMM calls in the compiled step, counted."""
+    import re
+
+    text = step.lower(*args).compile().as_text()
+    names = re.findall(r'custom_call_target="([A-Za-z0-9_$]+)"', text)
+    counts: dict[str, int] = {}
+    for n in names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "(XLA only)"
+
+
+def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
+    act = BLOCKS[block]
+    tokens, hidden, inter = shape["tokens"], shape["hidden"], shape[block]
+    rng = np.random.default_rng(0)
+    sets = [
+        (
+            jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
+            jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
+        )
+        for _ in range(2)
+    ]
+    flop = 6 * tokens * hidden * inter * (len(act) + 1)
+    fns, meta = {}, {}
+    for row in rows:
+        state, step = _step_fn(row, act, hidden, inter, sets[0][0], te_jax)
+        if row.endswith(":delayed") or row.endswith(":fp8_ops"):
+            # Steady state: the FP8 state after a few steps (scales from real amaxes).
+            for _ in range(3):
+                g = step(state, *sets[0])[0]
+                state = _next_state(row, state, g)
+        fns[row] = functools.partial(step, state)
+        meta[row] = {
+            "peak_bytes": _peak_bytes(step, (state, *sets[0])),
+            "kernels": _kernels(step, (state, *sets[0])),
+        }
+    timings = time_functions(fns, sets, reps=args.reps, target_s=args.target_ms / 1e3)
+    base = timings.get("flax:bf16")
+    out_rows = []
+    for row in rows:
+        t = timings[row]
+        r = {
+            "block": block,
+            "row": row,
+            "ms": t.median_s * 1e3,
+            "spread": t.spread,
+            "tflops": flop / t.median_s / 1e12,
+            **meta[row],
+        }
+        r["speedup"] = None if base is None else base.median_s / t.median_s
+        out_rows.append(r)
+    return {
+        "block": block,
+        "tokens": tokens,
+        "hidden": hidden,
+        "intermediate": inter,
+        "rows": out_rows,
+    }
+
+
+def _next_state(row: str, state, grads):
+    """The FP8 state a training loop carries into the next step: the FP8 part of the
+    gradient (te_jax's FP8Meta / fp8_metas; Flax's _overwrite_with_gradient)."""
+    if row.startswith("te_nnx"):
+        from flax import nnx
+
+        from te_jax import nnx as tnnx
+
+        return nnx.merge_state(state, nnx.filter_state(grads, tnnx.FP8Meta))
+    coll = "fp8_metas" if row.startswith("te_linen") else "_overwrite_with_gradient"
+    return {**state, coll: grads[coll]}
+
+
+def checks(result: dict) -> list[str]:
+    lines = []
+    for sec in result["blocks"]:
+        by = {r["row"]: r for r in sec["rows"]}
+        base = by.get("flax:bf16")
+        for row, want in WANTED.items():
+            if row in by and by[row]["speedup"] is not None:
+                s = by[row]["speedup"]
+                lines.append(
+                    f"{'PASS' if s >= want else 'FAIL'}  {sec['block']}: {row} "
+                    f"{s:.3f}x flax:bf16 (wanted >= {want})"
+                )
+        fp8_ops = by.get("flax:fp8_ops")
+        for row in ("te_linen:delayed", "te_linen:current", "te_nnx:delayed", "te_nnx:current"):
+            if fp8_ops and row in by:
+                ok = by[row]["ms"] < fp8_ops["ms"]
+                lines.append(
+                    f"{'PASS' if ok else 'FAIL'}  {sec['block']}: {row} faster than "
+                    f"flax:fp8_ops ({by[row]['ms']:.3f} vs {fp8_ops['ms']:.3f} ms)"
+                )
+        if base and base["peak_bytes"]:
+            for row, r in by.items():
+                if row.startswith("te_") and r["peak_bytes"]:
+                    ok = r["peak_bytes"] <= base["peak_bytes"]
+                    lines.append(
+                        f"{'PASS' if ok else 'FAIL'}  {sec['block']}: {row} peak memory "
+                        f"{r['peak_bytes'] / 2**20:.0f} MiB <= flax:bf16's "
+                        f"{base['peak_bytes'] / 2**20:.0f} MiB"
+                    )
+    return lines
+
+
+def markdown(result: dict) -> str:
+    m = result["meta"]
+    out = [
+        f"# te_jax LayerNormMLP benchmark: {m['backend']} ({m['device']})",
+        "",
+        f"- date {m['date']}; command `{m['command']}`; jax {m['jax']}; reps {m['reps']}",
+        "- one training step (forward + backward, no optimizer); bf16 compute, float32 "
+        "parameters; peak = XLA's compiled memory analysis of the step",
+        "",
+    ]
+    for sec in result["blocks"]:
+        out += [
+            f"## {sec['block']}: tokens {sec['tokens']}, hidden {sec['hidden']}, "
+            f"intermediate {sec['intermediate']}",
+            "",
+            "| row | ms/step | TFLOP/s | speedup vs flax:bf16 | peak MiB | spread | kernels |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in sec["rows"]:
+            sp = "" if r["speedup"] is None else f"{r['speedup']:.3f}"
+            pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
+            out.append(
+                f"| {r['row']} | {r['ms']:.3f} | {r['tflops']:.1f} | {sp} | {pk} | "
+                f"{r['spread']:.3f} | {r['kernels']} |"
+            )
+        out.append("")
+    out += ["## Checks", "", "```", *result["checks"], "```", ""]
+    return "\n".join(out)
+
+
+def plot(result: dict, path: str) -> str | None:
+    plt = pyplot()
+    if plt is None:
+        return None
+    secs = result["blocks"]
+    fig, axes = plt.subplots(1, len(secs), figsize=(6 * len(secs), 4), squeeze=False)
+    for ax, sec in zip(axes[0], secs, strict=True):
+        rows = sec["rows"]
+        xs = range(len(rows))
+        ax.bar(
+            xs,
+            [r["ms"] for r in rows],
+            color=["gray" if r["row"].startswith("flax") else "tab:blue" for r in rows],
+        )
+        for x, r in zip(xs, rows, strict=True):
+            if r["speedup"] is not None:
+                ax.text(x, r["ms"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([r["row"] for r in rows], rotation=40, ha="right", fontsize=8)
+        ax.set_ylabel("ms / step")
+        ax.set_title(f"{sec['block']} (I={sec['intermediate']})", fontsize=10)
+    fig.suptitle(
+        f"LayerNormMLP step, {result['meta']['device']} (labels: speedup over flax:bf16)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.mlp", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("--blocks", default="gelu,swiglu", help="gelu, swiglu (default both)")
+    p.add_argument("--rows", default=",".join(ROWS), help="rows to time (default all)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes, 3 samples")
+    p.add_argument("--tokens", type=int, default=None)
+    p.add_argument("--reps", type=int, default=None, help="samples per row (GPU 10, CPU 3)")
+    p.add_argument("--target-ms", type=float, default=None, help="one sample's length")
+    p.add_argument("--out", default="bench_out", help="directory for .md / .json / .png")
+    p.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
+    args = p.parse_args(argv)
+    import te_jax
+
+    gpu = jax.default_backend() == "gpu"
+    shape = dict(GPU_SHAPE if gpu and not args.quick else QUICK_SHAPE)
+    if args.tokens:
+        shape["tokens"] = args.tokens
+    args.reps = args.reps or (3 if args.quick or not gpu else 10)
+    args.target_ms = args.target_ms or (20.0 if args.quick else 100.0)
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    bad = [r for r in rows if r not in ROWS]
+    blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
+    if bad or any(b not in BLOCKS for b in blocks):
+        p.error(f"unknown rows {bad} or blocks {blocks}; rows: {', '.join(ROWS)}")
+    t0 = time.time()
+    result = {
+        "meta": {
+            "backend": jax.default_backend(),
+            "device": jax.devices()[0].device_kind,
+            "jax": jax.__version__,
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "command": "python -m benchmarks.mlp " + " ".join(argv or sys.argv[1:]),
+            "reps": args.reps,
+        },
+        "blocks": [],
+    }
+    for block in blocks:
+        sec = run_block(block, shape, rows, args, te_jax)
+        result["blocks"].append(sec)
+        for r in sec["rows"]:
+            sp = "" if r["speedup"] is None else f"x{r['speedup']:.3f}"
+            pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f} MiB"
+            print(
+                f"{block:7s} {r['row']:18s} {r['ms']:9.3f} ms {r['tflops']:8.1f} TFLOP/s "
+                f"{sp:>7s} {pk:>10s}  {r['kernels']}",
+                flush=True,
+            )
+    result["checks"] = checks(result)
+    print("\n".join(result["checks"]))
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"mlp_{result['meta']['backend']}")
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(markdown(result))
+    written = [stem + ".md", stem + ".json"]
+    if args.plot and plot(result, stem + ".png"):
+        written.append(stem + ".png")
+    print(f"wrote {', '.join(written)} (total {time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
