@@ -56,12 +56,12 @@ F32_ACC = 2.0**-23  # per term of a float32 dot product (SPEC §8: K · 2^-23 ·
 F32_SUM = 2.0**-24  # per row of a float32 column sum (docs/numerics.md §7's dbias rule)
 # te_jax's CUDA GEMM (cuBLASLt on Hopper), measured on an H100 (docs/numerics.md §8): FP8 tensor
 # cores accumulate each block of K in reduced precision before the float32 promotion
-# (errors above 2^-12 Σ|a||b| seen with operands spread over 2^16 in magnitude; every test held
-# within 2^-10), and a 16-bit output is rounded before
+# (errors above 2^-12 Σ|a||b| seen with operands spread over 2^16 in magnitude, one of them
+# 1.14 · 2^-10 Σ|a||b|: bounded with 2^-9), and a 16-bit output is rounded before
 # the bias epilogue adds the bias (half an ulp of the accumulator more). Set by the tests where
 # the CUDA GEMM runs.
 KERNEL_GEMM = False
-FP8_MMA_ACC = 2.0**-10
+FP8_MMA_ACC = 2.0**-9
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 E5M2 = np.dtype(ml_dtypes.float8_e5m2)

@@ -28,6 +28,14 @@ from te_jax import nnx as tnnx
 from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling
 
 FAMILIES = ("linen", "nnx")
+
+
+@pytest.fixture(autouse=True)
+def _float32_reference_dots():
+    """The pure-Flax references' float32 dots in float32 (XLA's GPU default is TF32); te_jax's
+    own GEMMs do not read this setting."""
+    with jax.default_matmul_precision("highest"):
+        yield
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
 
 
