@@ -10,9 +10,9 @@ Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GE
 parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
-jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, then the
-gradients of ``sum(out · dy)`` with respect to x, every parameter and (FP8 rows) the FP8 state,
-whose "gradient" is the next state.
+jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, the loss
+``sum(out · dy)`` and its gradients with respect to x, every parameter and (FP8 rows) the FP8
+state, whose "gradient" is the next state.
 
 Per row: ms per step (median of ``--reps`` samples; samples of all rows interleaved, inputs
 rotated over 2 sets), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``: three GEMMs of each of
@@ -93,8 +93,8 @@ def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
 
 
 def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
-    """``(state, step)``: ``step(state, x, dy)`` returns the gradients of ``sum(block(x) · dy)``
-    with respect to (state, x); ``state`` holds the parameters and any FP8 state."""
+    """``(state, step)``: ``step(state, x, dy)`` returns ``sum(block(x) · dy)`` and its
+    gradients with respect to (state, x); ``state`` holds the parameters and any FP8 state."""
     family, prec = row.split(":")
     key = jax.random.key(0)
     if family == "flax":
@@ -138,9 +138,14 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
         def out(state, x):
             return nnx.merge(graphdef, state)(x)[0]
 
+    # The loss value is returned too: without it XLA drops the second GEMM's forward, whose
+    # output only the loss reads.
     @jax.jit
     def step(state, x, dy):
-        return jax.grad(lambda s, x: jnp.sum(out(s, x).astype(jnp.float32) * dy), (0, 1))(state, x)
+        def loss(s, x):
+            return jnp.sum(out(s, x).astype(jnp.float32) * dy)
+
+        return jax.value_and_grad(loss, (0, 1))(state, x)
 
     return state, step
 
@@ -188,7 +193,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         if row.endswith(":delayed") or row.endswith(":fp8_ops"):
             # Steady state: the FP8 state after a few steps (scales from real amaxes).
             for _ in range(3):
-                g = step(state, *sets[0])[0]
+                g = step(state, *sets[0])[1][0]
                 state = _next_state(row, state, g)
         fns[row] = functools.partial(step, state)
         meta[row] = {
