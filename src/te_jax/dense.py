@@ -85,6 +85,7 @@ class _Config:
     dtype: np.dtype  # the compute dtype: x's
     implementation: str | None
     kernel_gemm: bool  # the GEMMs run on te_jax's CUDA handler
+    kernel_dtype: np.dtype  # the kernel's own: quantized from it under a recipe
 
     @property
     def out_features(self) -> tuple[int, ...]:
@@ -113,7 +114,8 @@ def dense(
     Args:
       x: ``(..., K)`` float32 / bfloat16 / float16 (the compute dtype), or a ``ScaledTensor``
         (already quantized for this GEMM, see the module docstring).
-      kernel: ``(K, *F)``; for a gated activation ``(K, 2, N)``. Cast to x's dtype.
+      kernel: ``(K, *F)``; for a gated activation ``(K, 2, N)``. Cast to x's dtype; under a
+        recipe quantized from its own dtype instead (float32 parameters: one rounding).
       bias: ``None`` or ``F``-shaped (``(N,)``, ``(2, N)`` for gated). Cast to x's dtype.
       activation_type: ``None`` (a plain GEMM), any te_jax activation (``("gelu",)``, ``"relu"``)
         or gated pair (``("silu", "linear")``).
@@ -195,7 +197,7 @@ def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims,
                 f"{tuple(jnp.shape(bias))}"
             )
         bias = jnp.asarray(bias).astype(dtype)
-    kernel = jnp.asarray(kernel).astype(dtype)
+    kernel = jnp.asarray(kernel)
 
     if qs is not None and not isinstance(qs, QuantizerSet):
         raise TypeError(
@@ -215,6 +217,10 @@ def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims,
         _check_quantized_x(where, x, qs, n_c, contracting_dims)
     if dtype == jnp.float64 and qs is not None:
         raise TypeError(f"{where}: FP8 recipes take float32/bfloat16/float16 x, got float64")
+    # Unquantized, the kernel is cast to x's dtype; under a recipe it is quantized from its own
+    # (one rounding from float32 parameters, one pass over them), float64 excepted.
+    if qs is None or k_dtype == jnp.float64:
+        kernel = kernel.astype(dtype)
 
     kernel_gemm = _gemm_on_kernel(where, impl, dtype)
     cfg = _Config(
@@ -226,6 +232,7 @@ def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims,
         np.dtype(dtype),
         impl,
         kernel_gemm,
+        np.dtype(kernel.dtype),
     )
     return cfg, kernel, bias, qs
 
@@ -512,7 +519,7 @@ def _backward(cfg: _Config, res, dy):
     dk = _quantized_gemm(
         qx, "colwise", dh_q, "colwise", None, z, cfg.dtype, cfg, ops.k, ops.m, ops.f
     ).out
-    dk = dk.reshape(_k_shape(ops, cfg))
+    dk = dk.reshape(_k_shape(ops, cfg)).astype(cfg.kernel_dtype)
     if quantized_x is not None:
         x_ct = cotangent_from_gradient(quantized_x, dx)
     else:
