@@ -19,7 +19,8 @@
 #           work after 210 s); DBENCH_ARGS adds options (e.g. "--rows gelu")
 # mbench    the LayerNormMLP step benchmark (benchmarks/mlp.py: te_jax Linen / NNX against the
 #           Flax-native block and Flax fp8_ops), Markdown + JSON under $OUT/bench; MBENCH_ARGS adds
-#           options (e.g. "--blocks gelu --plot")
+#           options (e.g. "--blocks gelu --plot"); then the Flax rows again with Triton GEMMs off
+#           (Flax fp8_ops' best flags), into the same log
 # gsanitize the GEMM handler under compute-sanitizer: tests/test_gemm_primitive.py (GSANITIZE_K: a -k expression)
 #           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
@@ -140,7 +141,13 @@ for stage in "$@"; do
       stamp "MLP block benchmarks"
       # shellcheck disable=SC2086
       python3 -m benchmarks.mlp --out "$OUT/bench" ${MBENCH_ARGS:-} >"$OUT/mbench.log" 2>&1 || status=1
-      tail -n 60 "$OUT/mbench.log"
+      # Flax fp8_ops at its best flags (Triton GEMMs off: XLA then rewrites its QDQ to FP8
+      # cuBLASLt); XLA_FLAGS are per process, so a second run, its table into the same log.
+      stamp "Flax rows with --xla_gpu_enable_triton_gemm=false" >>"$OUT/mbench.log"
+      # shellcheck disable=SC2086
+      XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 -m benchmarks.mlp --out /tmp/mbench_flags \
+        --rows flax:bf16,flax:fp8_ops $(echo ${MBENCH_ARGS:-} | sed 's/--plot//') >>"$OUT/mbench.log" 2>&1 || status=1
+      tail -n 80 "$OUT/mbench.log"
       ;;
     dbench)
       stamp "dense benchmarks"
