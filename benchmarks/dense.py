@@ -120,31 +120,100 @@ class Row:
 ROWS = (
     Row("xla:dot", "xla", "fwd", "bf16", "x @ w", None, None),
     Row("xla:dot+bias", "xla", "fwd", "bf16", "x @ w + b", "xla:dot", None),
-    Row("xla:gelu", "xla", "fwd", "bf16", "jax.nn.gelu(x @ w + b, approximate=True)", "xla:dot",
-        None),
-    Row("xla:fp8_dot", "xla", "fwd", "fp8", "dot_general(e4m3, e4m3ᵀ) -> bf16, unscaled (TN)",
-        "xla:dot", "xla:dot"),
-    Row("xla:fp8_dot_scaled", "xla", "fwd", "fp8",
-        "dot_general(e4m3, e4m3ᵀ) -> f32 * (sx_inv*sw_inv) -> bf16", "xla:dot", "xla:dot"),
-    Row("xla:fp8_qdq", "xla", "fwd", "fp8", "Flax QDQ: (xq*sx_inv) @ (wq*sw_inv), bf16",
-        "xla:dot", "xla:dot"),
+    Row(
+        "xla:gelu",
+        "xla",
+        "fwd",
+        "bf16",
+        "jax.nn.gelu(x @ w + b, approximate=True)",
+        "xla:dot",
+        None,
+    ),
+    Row(
+        "xla:fp8_dot",
+        "xla",
+        "fwd",
+        "fp8",
+        "dot_general(e4m3, e4m3ᵀ) -> bf16, unscaled (TN)",
+        "xla:dot",
+        "xla:dot",
+    ),
+    Row(
+        "xla:fp8_dot_scaled",
+        "xla",
+        "fwd",
+        "fp8",
+        "dot_general(e4m3, e4m3ᵀ) -> f32 * (sx_inv*sw_inv) -> bf16",
+        "xla:dot",
+        "xla:dot",
+    ),
+    Row(
+        "xla:fp8_qdq",
+        "xla",
+        "fwd",
+        "fp8",
+        "Flax QDQ: (xq*sx_inv) @ (wq*sw_inv), bf16",
+        "xla:dot",
+        "xla:dot",
+    ),
     Row("te:dot", "te_jax", "fwd", "bf16", "dense(x, w)", "xla:dot", "xla:dot", 1),
-    Row("te:dot+bias", "te_jax", "fwd", "bf16", "dense(x, w, b)", "xla:dot+bias", "xla:dot+bias",
-        1),
+    Row(
+        "te:dot+bias", "te_jax", "fwd", "bf16", "dense(x, w, b)", "xla:dot+bias", "xla:dot+bias", 1
+    ),
     Row("te:gelu", "te_jax", "fwd", "bf16", 'dense(x, w, b, "gelu")', "xla:gelu", "xla:gelu", 1),
-    Row("te:gelu_fp8_delayed", "te_jax", "fwd", "fp8 delayed",
-        'dense(x, w, b, "gelu", DelayedScaling)', "xla:gelu", "xla:gelu", 1),
-    Row("te:gelu_fp8_current", "te_jax", "fwd", "fp8 current",
-        'dense(x, w, b, "gelu", CurrentScaling)', "xla:gelu", "xla:gelu", 1),
-    Row("xla:gelu_vjp", "xla", "fwd+bwd", "bf16", "jax.vjp(xla:gelu) -> y, (dx, dw, db)", None,
-        None),
-    Row("te:gelu_vjp", "te_jax", "fwd+bwd", "bf16", "jax.vjp(te:gelu) -> y, (dx, dw, db)",
-        "xla:gelu_vjp", "xla:gelu_vjp", 3),
-    Row("te:gelu_vjp_fp8_delayed", "te_jax", "fwd+bwd", "fp8 delayed",
-        "jax.vjp(te:gelu_fp8_delayed) -> y, (dx, dw, db, new qs)", "xla:gelu_vjp",
-        "xla:gelu_vjp", 3),
-    Row("te:gelu_vjp_fp8_current", "te_jax", "fwd+bwd", "fp8 current",
-        "jax.vjp(te:gelu_fp8_current) -> y, (dx, dw, db)", "xla:gelu_vjp", "xla:gelu_vjp", 3),
+    Row(
+        "te:gelu_fp8_delayed",
+        "te_jax",
+        "fwd",
+        "fp8 delayed",
+        'dense(x, w, b, "gelu", DelayedScaling)',
+        "xla:gelu",
+        "xla:gelu",
+        1,
+    ),
+    Row(
+        "te:gelu_fp8_current",
+        "te_jax",
+        "fwd",
+        "fp8 current",
+        'dense(x, w, b, "gelu", CurrentScaling)',
+        "xla:gelu",
+        "xla:gelu",
+        1,
+    ),
+    Row(
+        "xla:gelu_vjp", "xla", "fwd+bwd", "bf16", "jax.vjp(xla:gelu) -> y, (dx, dw, db)", None, None
+    ),
+    Row(
+        "te:gelu_vjp",
+        "te_jax",
+        "fwd+bwd",
+        "bf16",
+        "jax.vjp(te:gelu) -> y, (dx, dw, db)",
+        "xla:gelu_vjp",
+        "xla:gelu_vjp",
+        3,
+    ),
+    Row(
+        "te:gelu_vjp_fp8_delayed",
+        "te_jax",
+        "fwd+bwd",
+        "fp8 delayed",
+        "jax.vjp(te:gelu_fp8_delayed) -> y, (dx, dw, db, new qs)",
+        "xla:gelu_vjp",
+        "xla:gelu_vjp",
+        3,
+    ),
+    Row(
+        "te:gelu_vjp_fp8_current",
+        "te_jax",
+        "fwd+bwd",
+        "fp8 current",
+        "jax.vjp(te:gelu_fp8_current) -> y, (dx, dw, db)",
+        "xla:gelu_vjp",
+        "xla:gelu_vjp",
+        3,
+    ),
 )
 ROW_BY_NAME = {r.name: r for r in ROWS}
 
@@ -175,8 +244,9 @@ def _function(row: Row, te_jax, impl: str | None) -> Callable:
         ).astype(BF16)
     if n == "xla:fp8_qdq":
         # flax.linen.fp8_ops.dequantize: q.astype(dtype) * scale.astype(dtype), then the dot.
-        return lambda i: (i["xq"].astype(BF16) * i["sx_inv"].astype(BF16)) @ (
-            i["wq"].astype(BF16) * i["sw_inv"].astype(BF16)
+        return lambda i: (
+            (i["xq"].astype(BF16) * i["sx_inv"].astype(BF16))
+            @ (i["wq"].astype(BF16) * i["sw_inv"].astype(BF16))
         )
     if n == "te:dot":
         return lambda i: te_jax.dense(i["x"], i["w"], implementation=impl)
@@ -622,17 +692,25 @@ def checks(result: dict) -> list[dict]:
             False,
         ),
         ("plain bf16 GEMM >= 0.98x jnp.dot", "te:dot", spd, 0.98, True),
-        ("FP8 delayed GEMM+bias+GELU fwd >= 1.7x XLA bf16 gelu(x@w+b)", "te:gelu_fp8_delayed",
-         spd, 1.7, False),
-        ("FP8 current GEMM+bias+GELU fwd >= 1.7x XLA bf16 gelu(x@w+b)", "te:gelu_fp8_current",
-         spd, 1.7, False),
+        (
+            "FP8 delayed GEMM+bias+GELU fwd >= 1.7x XLA bf16 gelu(x@w+b)",
+            "te:gelu_fp8_delayed",
+            spd,
+            1.7,
+            False,
+        ),
+        (
+            "FP8 current GEMM+bias+GELU fwd >= 1.7x XLA bf16 gelu(x@w+b)",
+            "te:gelu_fp8_current",
+            spd,
+            1.7,
+            False,
+        ),
     ]
     out = []
     for name, row, value, target, noise in ratio_checks:
         rows = [r for r in _rows(result, row) if value(r) is not None]
-        c = _report._check(
-            name, rows, value, lambda v, t=target: v >= t, noise_note=noise
-        )
+        c = _report._check(name, rows, value, lambda v, t=target: v >= t, noise_note=noise)
         if not gpu and c["status"] != "SKIP":
             c["status"] = "INFO"
             c["detail"] += " (a GPU target; not judged on this backend)"
@@ -655,27 +733,33 @@ def checks(result: dict) -> list[dict]:
             _structural(
                 "every te_jax row lowers to te_jax_gemm (fwd 1, fwd+bwd 3)",
                 te_rows,
-                lambda r: None
-                if r["te_jax_gemm"] == r["expected_te_jax_gemm"]
-                else f"{r['te_jax_gemm']} te_jax_gemm, expected {r['expected_te_jax_gemm']}",
+                lambda r: (
+                    None
+                    if r["te_jax_gemm"] == r["expected_te_jax_gemm"]
+                    else f"{r['te_jax_gemm']} te_jax_gemm, expected {r['expected_te_jax_gemm']}"
+                ),
             )
         )
         out.append(
             _structural(
                 "bf16 GELU fwd: exactly one te_jax_gemm, no tanh (GELU in the epilogue)",
                 [r for r in te_rows if r["row"] == "te:gelu"],
-                lambda r: None
-                if r["te_jax_gemm"] == 1 and r.get("tanh") == 0
-                else f"{r['te_jax_gemm']} te_jax_gemm, {r.get('tanh')} tanh",
+                lambda r: (
+                    None
+                    if r["te_jax_gemm"] == 1 and r.get("tanh") == 0
+                    else f"{r['te_jax_gemm']} te_jax_gemm, {r.get('tanh')} tanh"
+                ),
             )
         )
         out.append(
             _structural(
                 "FP8 rows: no transpose of an FP8 operand",
                 [r for r in te_rows if r["precision"].startswith("fp8")],
-                lambda r: None
-                if r.get("f8_transposes") == 0
-                else f"{r.get('f8_transposes')} f8 transposes {r.get('f8_transpose_ops')}",
+                lambda r: (
+                    None
+                    if r.get("f8_transposes") == 0
+                    else f"{r.get('f8_transposes')} f8 transposes {r.get('f8_transpose_ops')}"
+                ),
             )
         )
     out.append(
@@ -694,8 +778,8 @@ def _fmt(v, f: str, none: str = "") -> str:
 
 def _line(r: dict) -> str:
     sp = "" if r.get("speedup") is None else f"x{r['speedup']:.3f} vs {r['baseline']}"
-    err = "" if r["rel_err"] is None else f" | err {r['rel_err']:.1e}" + (
-        "" if _ok_err(r) else " !"
+    err = (
+        "" if r["rel_err"] is None else f" | err {r['rel_err']:.1e}" + ("" if _ok_err(r) else " !")
     )
     return (
         f"{r['row']:26s} {r['pass']:7s} {r['precision']:11s} {_fmt(r['ms'], '9.3f')} ms "
@@ -852,7 +936,9 @@ def _meta(te_jax, args, t_start: float) -> dict:
         meta["ffi_available_cuda"] = bool(te_jax.ffi_available("cuda"))
         # dense runs te_jax_gemm on the CUDA backend with the CUDA extension loaded.
         meta["cuda_kernels_on"] = (
-            args.gpu and meta["ffi_available_cuda"] and args.implementation != "xla"
+            args.gpu
+            and meta["ffi_available_cuda"]
+            and args.implementation != "xla"
             and te_jax.kernels_enabled()
         )
     except Exception:

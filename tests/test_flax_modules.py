@@ -36,6 +36,8 @@ def _float32_reference_dots():
     own GEMMs do not read this setting."""
     with jax.default_matmul_precision("highest"):
         yield
+
+
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
 
 

@@ -14,6 +14,7 @@ from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
 from te_jax.dense import dense
 from te_jax.dispatch import kernels_enabled
+from te_jax.fused_mlp import fused_mlp
 from te_jax.recipe import QuantizerSet
 
 __version__ = "0.1.0"
@@ -24,6 +25,7 @@ __all__ = [
     "quantize_dact_dbias",
     "activation",
     "dense",
+    "fused_mlp",
     "recipe",
     "QuantizerSet",
     "ActivationType",

@@ -46,6 +46,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -158,8 +159,9 @@ def _dense_float64(x, kernel, bias, cfg: _Config):
     return h if cfg.act is None else reference.activation(h, cfg.act, cfg.params)
 
 
-def _prepare(x, kernel, bias, activation_type, qs, act_params, contracting_dims, impl):
-    where = "te_jax.dense"
+def _prepare(
+    x, kernel, bias, activation_type, qs, act_params, contracting_dims, impl, where="te_jax.dense"
+):
     if impl not in (None, "ffi", "xla"):
         raise ValueError(f"{where}: implementation must be None, 'ffi' or 'xla', got {impl!r}")
     quantized_x = isinstance(x, ScaledTensor)
@@ -363,6 +365,17 @@ def _activate(h2, cfg: _Config, ep: GemmEpilogue, aux):
     return y.reshape(h2.shape[0], math.prod(cfg.out_features)), h2
 
 
+class _Residuals(NamedTuple):
+    """What the forward keeps for the backward."""
+
+    x: jax.Array | ScaledTensor  # (M, K), or x's quantized copies
+    kernel: jax.Array | ScaledTensor  # (K, F), or the kernel's quantized copies
+    act_in: jax.Array | None  # what dact reads: h (M, F), y for the ReLU epilogue; None
+    quantized_x: ScaledTensor | None  # x as given, where it came quantized (its cotangent)
+    new_qs: QuantizerSet | None  # the forward quantizers' next state
+    qs: QuantizerSet | None  # the quantizer set used
+
+
 def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
     ops = _shapes(tuple(x.shape)[: len(x.shape) - len(cfg.contract)], cfg)
     k2 = kernel.reshape(ops.k, ops.f)
@@ -372,7 +385,7 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
         x2 = x.reshape(ops.m, ops.k)
         r = bind_gemm(x2, k2, b1, epilogue=ep, implementation=_gemm_impl(cfg))
         y, act_in = _activate(r.out, cfg, ep, r.aux)
-        res = (x2, k2, act_in, None, None, qs) if residuals else None
+        res = _Residuals(x2, k2, act_in, None, None, None) if residuals else None
         return _unflatten_y(y, ops, cfg), res
 
     qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, ops, cfg, residuals)
@@ -381,13 +394,8 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
     if not residuals:
         return _unflatten_y(y, ops, cfg), None
     new_qs = QuantizerSet(x=new_x, kernel=new_k, grad=qs.grad)
-    return _unflatten_y(y, ops, cfg), (
-        qx,
-        qk,
-        act_in,
-        x if isinstance(x, ScaledTensor) else None,
-        new_qs,
-        qs,
+    return _unflatten_y(y, ops, cfg), _Residuals(
+        qx, qk, act_in, x if isinstance(x, ScaledTensor) else None, new_qs, qs
     )
 
 
@@ -494,37 +502,64 @@ def _mx_operand(st: ScaledTensor, copy: str, rows: int, k: int, dtype):
 
 
 def _backward(cfg: _Config, res, dy):
-    a_res, b_res, act_in, quantized_x, new_qs, qs = res
+    quantized_x = res.quantized_x
     ops = _shapes(tuple(dy.shape)[: dy.ndim - len(cfg.out_features)], cfg)
     dy2 = dy.reshape(ops.m, math.prod(cfg.out_features))
-    if qs is None:
-        x2, k2 = a_res, b_res
-        dh, dbias = _dact(dy2, act_in, cfg, ops, quantizer=None)
-        dx = bind_gemm(dh, k2, rhs_trans=True, implementation=_gemm_impl(cfg)).out
-        dk = bind_gemm(x2, dh, lhs_trans=True, implementation=_gemm_impl(cfg)).out
-        return (
-            dx.reshape(_x_shape(ops, cfg)),
-            dk.reshape(_k_shape(ops, cfg)),
-            _bias_ct(dbias, cfg),
-            None,
-        )
-    qx, qk = a_res, b_res
-    grad_q = qs.with_layout("grad", _BOTH)
-    dh_q, dbias = _dact(dy2, act_in, cfg, ops, quantizer=grad_q)
-    new_qs = QuantizerSet(x=new_qs.x, kernel=new_qs.kernel, grad=_updated(qs.grad, dh_q))
-    z = GemmEpilogue.DEFAULT
-    dx = _quantized_gemm(
-        dh_q, "rowwise", qk, "rowwise", None, z, cfg.dtype, cfg, ops.m, ops.f, ops.k
-    ).out
-    dk = _quantized_gemm(
-        qx, "colwise", dh_q, "colwise", None, z, cfg.dtype, cfg, ops.k, ops.m, ops.f
-    ).out
-    dk = dk.reshape(_k_shape(ops, cfg)).astype(cfg.kernel_dtype)
+    dh, dbias = _dact(dy2, res.act_in, cfg, ops, quantizer=_grad_quantizer(res))
+    dx, dk, dbias, new_qs = _gemm_grads(cfg, res, ops, dh, dbias)
     if quantized_x is not None:
         x_ct = cotangent_from_gradient(quantized_x, dx)
     else:
         x_ct = dx.reshape(_x_shape(ops, cfg))
-    return x_ct, dk, _bias_ct(dbias, cfg), new_qs
+    return x_ct, dk, dbias, new_qs
+
+
+def _grad_quantizer(res):
+    """The grad quantizer with both copies (dgrad reads the rowwise, wgrad the colwise);
+    ``None`` unquantized."""
+    return None if res.qs is None else res.qs.with_layout("grad", _BOTH)
+
+
+def _gemm_grads(cfg: _Config, res, ops: _Operands, dh, dbias):
+    """The backward's two GEMMs from ``dh (M, F)`` (a ScaledTensor of the grad quantizer under
+    a recipe): ``(dx (M, K), dkernel, the bias cotangent, the quantizer set's cotangent)``."""
+    return (
+        _dgrad(cfg, res, ops, dh),
+        _wgrad(cfg, res, ops, dh),
+        _bias_ct(dbias, cfg),
+        _next_set(res, dh),
+    )
+
+
+def _dgrad(cfg: _Config, res, ops: _Operands, dh):
+    """``dx (M, K) = dh · kernelᵀ``."""
+    k = res.kernel
+    if res.qs is None:
+        return bind_gemm(dh, k, rhs_trans=True, implementation=_gemm_impl(cfg)).out
+    z = GemmEpilogue.DEFAULT
+    return _quantized_gemm(
+        dh, "rowwise", k, "rowwise", None, z, cfg.dtype, cfg, ops.m, ops.f, ops.k
+    ).out
+
+
+def _wgrad(cfg: _Config, res, ops: _Operands, dh):
+    """``dkernel = xᵀ · dh`` in the kernel's shape (and, under a recipe, its dtype)."""
+    x = res.x
+    if res.qs is None:
+        dk = bind_gemm(x, dh, lhs_trans=True, implementation=_gemm_impl(cfg)).out
+        return dk.reshape(_k_shape(ops, cfg))
+    z = GemmEpilogue.DEFAULT
+    dk = _quantized_gemm(x, "colwise", dh, "colwise", None, z, cfg.dtype, cfg, ops.k, ops.m, ops.f)
+    return dk.out.reshape(_k_shape(ops, cfg)).astype(cfg.kernel_dtype)
+
+
+def _next_set(res, dh):
+    """The quantizer set's cotangent: its next state (the forward's, and the grad quantizer's
+    from dh's amax); ``None`` unquantized."""
+    if res.qs is None:
+        return None
+    new = res.new_qs
+    return QuantizerSet(x=new.x, kernel=new.kernel, grad=_updated(res.qs.grad, dh))
 
 
 def _x_shape(ops: _Operands, cfg: _Config):

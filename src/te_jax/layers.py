@@ -4,7 +4,8 @@ One home for what the Linen and NNX modules share, so both compute the same thin
 parameters:
 
 * ``dense_general``: ``te_jax.dense`` over any set of x's axes and any output shape;
-* ``layernorm_mlp``: ``norm → dense(kernel_1, bias_1, act) → dropout → dense(kernel_2, bias_2)``;
+* ``layernorm_mlp``: ``norm → dense(kernel_1, bias_1, act) → dropout → dense(kernel_2, bias_2)``
+  (``te_jax.fused_mlp``, one op over both GEMMs, where there is no dropout);
 * the parameter shapes and logical axis names of a dense and of an MLP block, and the kernel
   initialisation (fan-in over the contracted axes; a gated kernel's two halves each initialised
   as a ``(K, N)`` kernel).
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dense import dense
+from te_jax.fused_mlp import fused_mlp
 from te_jax.normalization import layernorm
 from te_jax.recipe import QuantizerSet, Recipe
 
@@ -209,7 +211,8 @@ def layernorm_mlp(
       bias_1: ``None``, ``(I,)`` or gated ``(2, I)``; bias_2: ``None`` or ``(H,)``.
       gamma, beta: the norm's ``(H,)`` parameters; ``gamma=None`` skips the norm.
       quantizer_sets: one ``QuantizerSet`` (or ``None``) per GEMM.
-      dropout: applied to the activation's output, ``None`` for none.
+      dropout: applied to the activation's output, ``None`` for none. Without it the two
+        GEMMs are one ``te_jax.fused_mlp`` (fusions across the GEMM boundary, same math).
 
     Returns:
       ``(out (..., H), ln_out (..., H))``: ``ln_out`` is the first GEMM's input (x itself
@@ -225,6 +228,20 @@ def layernorm_mlp(
             zero_centered_gamma=zero_centered_gamma,
             epsilon=epsilon,
         )
+    if dropout is None:
+        out = fused_mlp(
+            ln_out,
+            kernel_1,
+            kernel_2,
+            bias_1,
+            bias_2,
+            activation_type,
+            quantizer_sets,
+            act_params=act_params,
+            implementation=implementation,
+        )
+        return out, ln_out
+    # Dropout sits between the GEMMs: two dense calls around it.
     h = dense(
         ln_out,
         kernel_1,
@@ -234,7 +251,7 @@ def layernorm_mlp(
         act_params=act_params,
         implementation=implementation,
     )
-    if dropout is not None:
-        h = dropout(h)
-    out = dense(h, kernel_2, bias_2, quantizer_set=quantizer_sets[1], implementation=implementation)
+    out = dense(
+        dropout(h), kernel_2, bias_2, quantizer_set=quantizer_sets[1], implementation=implementation
+    )
     return out, ln_out

@@ -1,0 +1,194 @@
+"""``te_jax.fused_mlp``: the transformer MLP's two GEMMs as one differentiable op.
+
+``out = act(x · kernel_1 + bias_1) · kernel_2 + bias_2``: the math of two ``te_jax.dense``
+calls (docs/numerics.md §8), with one ``custom_vjp`` over both GEMMs so that what lies between
+them fuses across the GEMM boundary:
+
+* **FP8** (a recipe): the first GEMM writes only ``h``; one ``act_lu`` kernel applies the
+  activation and quantizes it for the second GEMM (rowwise and colwise copies, §6), where two
+  ``dense`` calls would have the first GEMM write ``h`` and ``y`` and a quantize pass read ``y``
+  back (the same codes: a quantized ``act_lu`` is ``quantize(act_lu(h))`` bit for bit,
+  docs/numerics.md §4). Backward: the second GEMM's dgrad writes
+  ``dy₂ · kernel_2ᵀ``; ``quantize_dact_dbias`` turns it into the first GEMM's quantized
+  gradient and ``dbias_1`` in one pass, as in ``dense``.
+* **Unquantized GELU on te_jax's CUDA GEMM**: the backward's dgrad GEMM of ``kernel_2`` applies
+  ``gelu'(h)`` and reduces ``dbias_1`` in its epilogue (cuBLASLt's DGELU + BGRAD): the
+  activation's gradient never has its own pass, and ``dy₂ · kernel_2ᵀ`` never reaches memory.
+  Its float32 product is multiplied by ``gelu'(h)`` before the one rounding, where §8's
+  order rounds it first (within §7's tolerance of it).
+
+Elsewhere (other activations unquantized, the CPU, ``implementation="xla"``) it computes
+exactly what ``dense(dense(x, kernel_1, bias_1, act), kernel_2, bias_2)`` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from te_jax.activation import act_lu
+from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+from te_jax.primitives.gemm import GemmEpilogue, bind_gemm
+from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.recipe import QuantizerSet
+
+__all__ = ["fused_mlp"]
+
+# The module (te_jax.dense, the attribute, is the function): dense's config, forward and
+# backward pieces, shared rather than repeated.
+_dense = importlib.import_module("te_jax.dense")
+
+_WHERE = "te_jax.fused_mlp"
+_LAST = ((-1,), (0,))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """Everything static about one call: each GEMM's dense config, and whether the backward
+    fuses gelu' and dbias_1 into kernel_2's dgrad GEMM."""
+
+    first: _dense._Config
+    second: _dense._Config
+    dgelu_epilogue: bool
+
+
+def fused_mlp(
+    x: jax.Array,
+    kernel_1: jax.Array,
+    kernel_2: jax.Array,
+    bias_1: jax.Array | None = None,
+    bias_2: jax.Array | None = None,
+    activation_type: ActivationLike = ("gelu",),
+    quantizer_sets: tuple[QuantizerSet | None, QuantizerSet | None] = (None, None),
+    act_params: ActivationParams | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """The MLP block's GEMMs: ``out = act(x · kernel_1 + bias_1) · kernel_2 + bias_2``.
+
+    Each GEMM follows ``te_jax.dense`` (docs/numerics.md §8): float32 accumulation, one
+    rounding to x's dtype; ``jax.grad`` gives every input's gradient and, under a
+    delayed-scaling recipe, each ``QuantizerSet``'s next state as its cotangent.
+
+    Args:
+      x: ``(..., H)`` float32 / bfloat16 / float16 (the compute dtype).
+      kernel_1: ``(H, I)``; for a gated activation ``(H, 2, I)`` (docs/numerics.md §1's layout).
+      kernel_2: ``(I, *F)``, usually ``(I, H)``.
+      bias_1: ``None``, ``(I,)`` or gated ``(2, I)``; bias_2: ``None`` or ``F``-shaped.
+      activation_type: any te_jax activation or gated pair.
+      quantizer_sets: one ``QuantizerSet`` (or ``None``) per GEMM, from one recipe.
+      act_params: ``ActivationParams`` for clamped SwiGLU.
+      implementation: ``None``, ``"ffi"`` or ``"xla"``, as for ``dense``.
+
+    Returns:
+      ``out (..., *F)`` in x's dtype.
+    """
+    if activation_type is None:
+        raise ValueError(f"{_WHERE}: activation_type is required (the MLP's activation)")
+    qs = _quantizer_sets(quantizer_sets)
+    c1, k1, b1, q1 = _dense._prepare(
+        x, kernel_1, bias_1, activation_type, qs[0], act_params, _LAST, implementation, _WHERE
+    )
+    if len(c1.out_features) != 1:
+        raise ValueError(
+            f"{_WHERE}: kernel_1 must be (H, I), or (H, 2, I) for a gated activation; got "
+            f"shape {tuple(jnp.shape(kernel_1))}"
+        )
+    hidden = jax.ShapeDtypeStruct(tuple(jnp.shape(x))[:-1] + c1.out_features, c1.dtype)
+    c2, k2, b2, q2 = _dense._prepare(
+        hidden, kernel_2, bias_2, None, qs[1], None, _LAST, implementation, _WHERE
+    )
+    if c1.dtype == np.float64 or (q1 is None) != (q2 is None):
+        # float64 (pure JAX), or one GEMM quantized and not the other: nothing crosses the
+        # boundary fused, so the two dense calls are the op.
+        h = _dense.dense(x, kernel_1, bias_1, c1.act, q1, c1.params, implementation=implementation)
+        return _dense.dense(h, kernel_2, bias_2, None, q2, implementation=implementation)
+    dgelu = q1 is None and c1.kernel_gemm and c2.kernel_gemm and c1.act is ActivationType.GELU
+    return _mlp(x, k1, b1, k2, b2, q1, q2, _Config(c1, c2, dgelu))
+
+
+def _quantizer_sets(sets):
+    try:
+        q1, q2 = sets
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{_WHERE}: quantizer_sets must be a pair (first GEMM's, second GEMM's), each a "
+            f"QuantizerSet or None; got {sets!r}"
+        ) from None
+    return q1, q2
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _mlp(x, k1, b1, k2, b2, q1, q2, cfg: _Config):
+    return _forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=False)[0]
+
+
+def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
+    return _forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=True)
+
+
+def _forward(x, k1, b1, k2, b2, q1, q2, cfg: _Config, residuals: bool):
+    c1, c2 = cfg.first, cfg.second
+    if q1 is None:
+        y, res1 = _dense._forward(x, k1, b1, None, c1, residuals)
+        out, res2 = _dense._forward(y, k2, b2, None, c2, residuals)
+        return out, (res1, res2)
+    # FP8: the first GEMM writes h, act_lu quantizes act(h) for the second in the same pass.
+    h, res1 = _dense._forward(x, k1, b1, q1, dataclasses.replace(c1, act=None), residuals)
+    lead = tuple(jnp.shape(x))[:-1]
+    ops = _dense._shapes(lead, c1)
+    # As dense quantizes x: the rows folded into one axis (MXFP8's colwise blocks run down M).
+    h = h.reshape((ops.m,) + c1.features)
+    layout = QuantizeLayout.ROWWISE_COLWISE if residuals else QuantizeLayout.ROWWISE
+    y = act_lu(
+        h,
+        c1.act,
+        quantizer=q2.with_layout("x", layout),
+        act_params=c1.params,
+        implementation=c1.implementation,
+    )
+    out, res2 = _dense._forward(y, k2, b2, q2, c2, residuals)
+    out = out.reshape(lead + c2.out_features)
+    if not residuals:
+        return out, None
+    res1 = res1._replace(act_in=h.reshape(ops.m, ops.f))
+    # The second GEMM's x quantizer advances by the activation's amax (dense keeps the state
+    # of an x quantized elsewhere as it is); its cotangent is computed here, not by dense.
+    new2 = dataclasses.replace(res2.new_qs, x=_dense._updated(q2.x, y))
+    return out, (res1, res2._replace(quantized_x=None, new_qs=new2))
+
+
+def _mlp_bwd(cfg: _Config, res, dy):
+    c1, c2 = cfg.first, cfg.second
+    res1, res2 = res
+    lead = tuple(dy.shape)[: dy.ndim - len(c2.out_features)]
+    ops1, ops2 = _dense._shapes(lead, c1), _dense._shapes(lead, c2)
+    dy2 = dy.reshape(ops2.m, ops2.f)
+    if cfg.dgelu_epilogue:
+        # kernel_2's dgrad GEMM applies gelu'(h) and sums dbias_1 in its epilogue.
+        _, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=None)
+        dk2 = _dense._wgrad(c2, res2, ops2, dy2)
+        r = bind_gemm(
+            dy2,
+            res2.kernel,
+            aux=res1.act_in,
+            rhs_trans=True,
+            epilogue=GemmEpilogue.DGELU,
+            grad_bias=c1.has_bias,
+            implementation=_dense._gemm_impl(c1),
+        )
+        db2, n2 = _dense._bias_ct(db2, c2), None
+        dh1, db1 = r.out, r.dbias
+    else:
+        dh2, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=_dense._grad_quantizer(res2))
+        da, dk2, db2, n2 = _dense._gemm_grads(c2, res2, ops2, dh2, db2)
+        dh1, db1 = _dense._dact(da, res1.act_in, c1, ops1, quantizer=_dense._grad_quantizer(res1))
+    dx, dk1, db1, n1 = _dense._gemm_grads(c1, res1, ops1, dh1, db1)
+    return dx.reshape(lead + c1.contract), dk1, db1, dk2, db2, n1, n2
+
+
+_mlp.defvjp(_mlp_fwd, _mlp_bwd)

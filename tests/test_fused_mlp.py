@@ -1,0 +1,317 @@
+"""te_jax.fused_mlp: the MLP's two GEMMs as one custom_vjp. It computes what two dense calls
+compute (bit for bit on the CPU, where no epilogue runs; within the epilogue's rounding on the
+GPU), for every activation and recipe, with every gradient and each quantizer set's next state;
+the GEMM-boundary fusions are taken where they apply (the DGELU epilogue in the bf16 GELU
+backward, one act_lu quantize in the FP8 forward); the transformations work; bad input is
+refused."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dense_oracle as do
+import te_jax
+from helpers import ACT_BY_ALIAS, ACTS, SOME_ACTS, Act
+from te_jax.fused_mlp import fused_mlp
+from te_jax.primitives.gemm import GemmEpilogue
+from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
+from test_dense import make_operands, names
+
+RECIPES = {
+    "bf16": None,
+    "delayed": DelayedScaling(),
+    "current": CurrentScaling(),
+    "mxfp8": MXFP8BlockScaling(),
+}
+H, INTER = 32, 64  # multiples of 16 (FP8 GEMMs) and 32 (MXFP8 blocks)
+
+
+def _operands(rng, act: Act, lead=(2, 16), dtype=jnp.bfloat16, bias=True):
+    x, k1, b1, _ = make_operands(rng, lead + (H,), INTER, dtype, act, bias=bias)
+    k2 = (rng.uniform(-1, 1, (INTER, H)) / np.sqrt(INTER)).astype(np.float32)
+    b2 = rng.uniform(-0.5, 0.5, (H,)).astype(np.float32) if bias else None
+    dy = rng.uniform(-1, 1, lead + (H,)).astype(np.float32)
+    return x, k1, b1, k2, b2, jnp.asarray(dy, dtype)
+
+
+def _composed(x, k1, b1, k2, b2, qs, act, impl=None):
+    h = te_jax.dense(x, k1, b1, act, qs[0], implementation=impl)
+    return te_jax.dense(h, k2, b2, None, qs[1], implementation=impl)
+
+
+def _fused(x, k1, b1, k2, b2, qs, act, impl=None):
+    return fused_mlp(x, k1, k2, b1, b2, act, qs, implementation=impl)
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "act", "impl"))
+def _value_and_grads(fn, x, k1, b1, k2, b2, qs, dy, act, impl=None):
+    """``(out, (dx, dk1, db1, dk2, db2, dqs))`` of ``fn`` at ``dy``."""
+    out, vjp = jax.vjp(lambda *a: fn(*a, act, impl=impl), x, k1, b1, k2, b2, qs)
+    return out, vjp(dy)
+
+
+def _sets(recipe):
+    return QuantizerSet.create(recipe), QuantizerSet.create(recipe)
+
+
+def _assert_close(got, want, exact: bool, rtol: float, what: str):
+    """Leaf by leaf: bitwise where ``exact``, else within ``rtol`` of the leaf's norm."""
+    g_leaves, w_leaves = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(g_leaves) == len(w_leaves), what
+    for i, (g, w) in enumerate(zip(g_leaves, w_leaves, strict=True)):
+        assert g.shape == w.shape and g.dtype == w.dtype, (what, i, g.shape, w.shape)
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        if exact:
+            np.testing.assert_array_equal(g64, w64, err_msg=f"{what} leaf {i}")
+        else:
+            err = np.linalg.norm(g64 - w64) / max(np.linalg.norm(w64), 1e-30)
+            assert err <= rtol, f"{what} leaf {i}: relative error {err:.3g} > {rtol}"
+
+
+# ---- the same results as two dense calls ------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "delayed"])
+@pytest.mark.parametrize("act", ACTS, ids=[a.alias for a in ACTS])
+def test_equals_two_dense_calls(act, recipe, rng):
+    """Output, every gradient and each quantizer set's cotangent (delayed: the next state of
+    the x, kernel and grad quantizers of both GEMMs) equal the composition's, over two steps
+    (the second with the state the first returned)."""
+    x, k1, b1, k2, b2, dy = _operands(rng, act)
+    qs = _sets(RECIPES[recipe])
+    for step in range(2):
+        got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
+        want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
+        # On the GPU the composition's forward GEMM applies GELU / ReLU in its epilogue (on
+        # the float32 h) and the fused backward gelu' in its dgrad epilogue: not bitwise.
+        _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, f"{act.alias} step {step}")
+        qs = got[1][5]
+
+
+@pytest.mark.parametrize("recipe", ["current", "mxfp8"])
+@pytest.mark.parametrize("act", SOME_ACTS[:2], ids=[a.alias for a in SOME_ACTS[:2]])
+def test_other_recipes_equal_two_dense_calls(act, recipe, rng):
+    x, k1, b1, k2, b2, dy = _operands(rng, act)
+    qs = _sets(RECIPES[recipe])
+    got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
+    want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
+    _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, act.alias)
+
+
+def _gelu_and_derivative(h):
+    """The tanh GELU and its derivative in float64 (docs/numerics.md §1)."""
+    c = np.sqrt(2 / np.pi)
+    t = np.tanh(c * (h + 0.044715 * h**3))
+    return 0.5 * h * (1 + t), 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * c * (1 + 3 * 0.044715 * h * h)
+
+
+def _mlp_float64(x, k1, b1, k2, b2, dy):
+    """The GELU MLP and its gradients in float64, by hand (2-D x)."""
+    x, k1, k2, dy = (np.asarray(a, np.float64) for a in (x, k1, k2, dy))
+    h = x @ k1 + (0 if b1 is None else np.asarray(b1, np.float64))
+    y, dgelu = _gelu_and_derivative(h)
+    out = y @ k2 + (0 if b2 is None else np.asarray(b2, np.float64))
+    dh = (dy @ k2.T) * dgelu
+    return {
+        "out": out,
+        "dx": dh @ k1.T,
+        "dk1": x.T @ dh,
+        "db1": dh.sum(0),
+        "dk2": y.T @ dy,
+        "db2": dy.sum(0),
+    }
+
+
+@pytest.mark.parametrize(
+    "dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["f32", "bf16", "f16"]
+)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_against_float64(dtype, bias, rng):
+    """GELU (the fused-epilogue activation on the GPU) against the float64 MLP, within a few
+    roundings of the dtype (two GEMMs, h and the activation rounded in between)."""
+    act = ACT_BY_ALIAS["gelu"]
+    x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(48,), dtype=dtype, bias=bias)
+    k2 = k2.astype(k1.dtype)
+    b2 = None if b2 is None else b2.astype(k1.dtype)
+    out, (dx, dk1, db1, dk2, db2, _) = _value_and_grads(
+        _fused, x, k1, b1, k2, b2, _sets(None), dy, names(act)
+    )
+    want = _mlp_float64(x, k1, b1, k2, b2, dy)
+    got = {"out": out, "dx": dx, "dk1": dk1, "dk2": dk2, "db1": db1, "db2": db2}
+    rtol = {jnp.float32: 1e-5, jnp.bfloat16: 2**-6, jnp.float16: 2**-9}[dtype]
+    for name, g in got.items():
+        if g is None:
+            assert not bias, name
+            continue
+        w = want[name]
+        err = np.linalg.norm(np.asarray(g, np.float64) - w) / np.linalg.norm(w)
+        assert err <= rtol, f"{name}: relative error {err:.3g} > {rtol}"
+
+
+# ---- the fusions are taken ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_dgelu_epilogue_path(bias, rng, monkeypatch):
+    """The bf16 GELU backward with te_jax's GEMM: kernel_2's dgrad GEMM takes the DGELU
+    epilogue (with dbias_1 where there is a bias) and no dact pass runs. The kernel path is
+    emulated on the CPU by the GEMM primitive's pure-JAX epilogues (dense_oracle.KERNEL_GEMM's
+    roundings), against the composition within a bf16 rounding of the intermediate."""
+    dense_mod = importlib.import_module("te_jax.dense")  # te_jax.dense is the function
+    fused_mod = importlib.import_module("te_jax.fused_mlp")
+    monkeypatch.setattr(dense_mod, "_gemm_on_kernel", lambda *a: True)
+    monkeypatch.setattr(dense_mod, "_gemm_impl", lambda cfg: "xla")
+    seen = []
+    real = fused_mod.bind_gemm
+
+    def spy(*a, **kw):
+        seen.append((kw.get("epilogue"), kw.get("grad_bias")))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(fused_mod, "bind_gemm", spy)
+    dact_calls = []
+    real_dact = dense_mod._dact
+
+    def dact_spy(dy2, act_in, cfg, *a, **kw):
+        dact_calls.append(cfg.act)
+        return real_dact(dy2, act_in, cfg, *a, **kw)
+
+    monkeypatch.setattr(dense_mod, "_dact", dact_spy)
+
+    act = ACT_BY_ALIAS["gelu"]
+    x, k1, b1, k2, b2, dy = _operands(rng, act, bias=bias)
+    k2 = k2.astype(k1.dtype)
+    b2 = None if b2 is None else b2.astype(k1.dtype)
+    got = jax.jit(lambda *a: _value_and_grads.__wrapped__(_fused, *a, names(act)))(
+        x, k1, b1, k2, b2, _sets(None), dy
+    )
+    assert seen == [(GemmEpilogue.DGELU, bias)], seen
+    assert all(a is None for a in dact_calls), f"a dact pass ran for {dact_calls}"
+    want = _value_and_grads(_composed, x, k1, b1, k2, b2, _sets(None), dy, names(act))
+    _assert_close(got, want, False, 2**-7, "dgelu epilogue")
+
+
+def _lowered_targets(fn, *args) -> list[str]:
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    return re.findall(r'custom_call_target="([A-Za-z0-9_$]+)"', text)
+
+
+@pytest.mark.skipif(
+    not do.KERNEL_GEMM, reason="the fusions across the GEMM boundary are te_jax_gemm's (CUDA)"
+)
+@pytest.mark.parametrize("recipe", ["bf16", "delayed", "current"])
+def test_compiled_step_kernels(recipe, rng):
+    """The compiled forward + backward of the GELU MLP: six te_jax_gemm calls; bf16 runs no
+    activation kernel at all (GELU and gelu' in the GEMM epilogues); FP8 runs one act_lu
+    (the quantized activation, one pass, plus current scaling's amax pass) and one
+    dact_dbias_quantize, and quantizes only x, the kernels and dy on their own."""
+    act = ACT_BY_ALIAS["gelu"]
+    x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(256,))
+    qs = _sets(RECIPES[recipe])
+
+    def step(x, k1, b1, k2, b2, qs, dy):
+        return _value_and_grads.__wrapped__(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
+
+    targets = _lowered_targets(step, x, k1, b1, k2, b2, qs, dy)
+    count = {t: targets.count(t) for t in set(targets)}
+    assert count.pop("te_jax_gemm") == 6, targets
+    if recipe == "bf16":
+        assert not count, targets
+        return
+    assert count.pop("te_jax_act_lu") == 1, targets
+    assert count.pop("te_jax_dact_dbias_quantize") == 1, targets
+    assert count.pop("te_jax_quantize") == 4, targets  # x, kernel_1, kernel_2, dy
+    count.pop("te_jax_act_amax", None)  # current scaling's amax passes
+    count.pop("te_jax_dact_dbias_amax", None)
+    assert not count, targets
+
+
+# ---- transformations ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "current"])
+def test_vmap_scan_remat(recipe, rng):
+    """vmap over a batch axis equals the unbatched op on each slice; lax.scan over two layers
+    and jax.checkpoint give the same gradients as the plain loop."""
+    act = ACT_BY_ALIAS["swiglu"]
+    x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(2, 16))
+    qs = _sets(RECIPES[recipe])
+
+    def out(x, k1, b1, k2, b2):
+        return fused_mlp(x, k1, k2, b1, b2, names(act), qs)
+
+    batched = jax.jit(jax.vmap(out, (0, None, None, None, None)))(x, k1, b1, k2, b2)
+    for i in range(x.shape[0]):
+        np.testing.assert_array_equal(batched[i], out(x[i], k1, b1, k2, b2))
+
+    def loss(params, x, remat):
+        def layer(h, p):
+            f = jax.checkpoint(out) if remat else out
+            return f(h, *p).astype(h.dtype), None
+
+        h, _ = jax.lax.scan(layer, x, params)
+        return jnp.sum(h.astype(jnp.float32) * dy)
+
+    k2s = jnp.asarray(k2, k1.dtype)
+    params = tuple(jnp.stack([a, a]) for a in (k1, b1, k2s, jnp.asarray(b2, k1.dtype)))
+    g_scan = jax.jit(jax.grad(loss), static_argnums=2)(params, x, False)
+    g_remat = jax.jit(jax.grad(loss), static_argnums=2)(params, x, True)
+
+    def loop_loss(params, x):
+        h = x
+        for i in range(2):
+            h = out(h, *(p[i] for p in params))
+        return jnp.sum(h.astype(jnp.float32) * dy)
+
+    g_loop = jax.jit(jax.grad(loop_loss))(params, x)
+    _assert_close(g_scan, g_loop, True, 0, "scan")
+    _assert_close(g_remat, g_loop, True, 0, "remat")
+
+
+def test_empty_batch_and_mixed_recipes(rng):
+    """An empty batch gives empty results; one quantized GEMM and one not is the composition."""
+    act = ACT_BY_ALIAS["gelu"]
+    x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(0, 4))
+    out, grads = _value_and_grads(_fused, x, k1, b1, k2, b2, _sets(None), dy, names(act))
+    assert out.shape == (0, 4, H) and grads[1].shape == k1.shape
+    np.testing.assert_array_equal(grads[1], 0)
+
+    x, k1, b1, k2, b2, dy = _operands(rng, act)
+    qs = (QuantizerSet.create(DelayedScaling()), None)
+    got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
+    want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
+    _assert_close(got, want, True, 0, "mixed")
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"activation_type": None}, "activation_type is required"),
+        ({"quantizer_sets": QuantizerSet.create(DelayedScaling())}, "must be a pair"),
+        (
+            {"kernel_1": np.zeros((H, 2, INTER), np.float32), "bias_1": None},
+            r"kernel_1 must be \(H, I\)",
+        ),
+        ({"kernel_2": np.zeros((INTER + 1, H), np.float32)}, "contracting axes"),
+        ({"bias_2": np.zeros((H + 1,), np.float32)}, "bias must have"),
+        ({"activation_type": ("silu", "linear")}, "gated"),
+        ({"x": np.zeros((4, H), np.int32)}, "int32"),
+    ],
+)
+def test_errors(change, match, rng):
+    act = ACT_BY_ALIAS["gelu"]
+    x, k1, b1, k2, b2, _ = _operands(rng, act)
+    args = dict(x=x, kernel_1=k1, kernel_2=k2, bias_1=b1, bias_2=b2, activation_type="gelu")
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        fused_mlp(**args)
