@@ -200,6 +200,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
             "peak_bytes": _peak_bytes(step, (state, *sets[0])),
             "kernels": _kernels(step, (state, *sets[0])),
         }
+    fns.update(_norm_quantize_fns(rows, te_jax))
     timings = time_functions(fns, sets, reps=args.reps, target_s=args.target_ms / 1e3)
     base = timings.get("flax:bf16")
     out_rows = []
@@ -221,7 +222,35 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         "hidden": hidden,
         "intermediate": inter,
         "rows": out_rows,
+        "norm_quantize": _norm_quantize_share(rows, timings),
     }
+
+
+def _norm_quantize_fns(rows: list[str], te_jax) -> dict:
+    """The FP8 step's quantize pass over the norm's output (``(tokens, hidden)`` bf16, both
+    copies; current scaling's amax pass included), timed alone: the pass a fused norm +
+    quantize kernel would remove."""
+    from te_jax.quantize.quantize_layout import QuantizeLayout
+    from te_jax.quantized import quantize
+
+    fns = {}
+    for prec in ("delayed", "current"):
+        if any(r.startswith("te_") and r.endswith(":" + prec) for r in rows):
+            q = te_jax.QuantizerSet.create(_recipe(te_jax, prec))
+            q = q.with_layout("x", QuantizeLayout.ROWWISE_COLWISE)
+            fns[f"norm_quantize:{prec}"] = jax.jit(lambda x, dy, q=q: quantize(x, q))
+    return fns
+
+
+def _norm_quantize_share(rows: list[str], timings) -> dict:
+    """``{recipe: {"ms", "share"}}``: the pass's time and its share of te_linen's step."""
+    out = {}
+    for prec in ("delayed", "current"):
+        t = timings.get(f"norm_quantize:{prec}")
+        step = timings.get(f"te_linen:{prec}") or timings.get(f"te_nnx:{prec}")
+        if t is not None and step is not None:
+            out[prec] = {"ms": t.median_s * 1e3, "share": t.median_s / step.median_s}
+    return out
 
 
 def _next_state(row: str, state, grads):
@@ -249,6 +278,12 @@ def checks(result: dict) -> list[str]:
                     f"{'PASS' if s >= want else 'FAIL'}  {sec['block']}: {row} "
                     f"{s:.3f}x flax:bf16 (wanted >= {want})"
                 )
+        for prec, nq in sec.get("norm_quantize", {}).items():
+            lines.append(
+                f"INFO  {sec['block']}: the norm output's quantize pass ({prec}) {nq['ms']:.3f} "
+                f"ms = {100 * nq['share']:.1f}% of the step (a fused norm + quantize kernel is "
+                f"called for above 2%)"
+            )
         fp8_ops = by.get("flax:fp8_ops")
         for row in ("te_linen:delayed", "te_linen:current", "te_nnx:delayed", "te_nnx:current"):
             if fp8_ops and row in by:
