@@ -71,6 +71,7 @@ def register_outer_rules(
     partitioned: Callable,
     reference: Callable,
     platforms: Iterable[str] | None = None,
+    partitioned_reference: Callable | None = None,
 ) -> None:
     """Eager impl and lowerings of an outer primitive.
 
@@ -85,6 +86,11 @@ def register_outer_rules(
     ``platforms`` are the lowering platforms (``"cpu"``, ``"cuda"``) with a kernel for this op:
     by default every platform whose extension is registered; an op whose FFI target exists on
     some platforms only (the GEMM: CUDA) names them (``te_jax._ffi.target_platforms``).
+
+    ``partitioned_reference``, where given, is ``reference`` under the same
+    ``custom_partitioning`` as the kernel, the lowering on every other platform: the op then
+    shards the same way (same collectives) everywhere, and the CPU tests check the partition
+    the GPU runs.
     """
     kernel_platforms = registered_platforms() if platforms is None else frozenset(platforms)
     backends = _backend_names(kernel_platforms)
@@ -95,7 +101,8 @@ def register_outer_rules(
 
     outer.def_impl(eager)
     _requires_devices_during_lowering(outer)
-    mlir.register_lowering(outer, mlir.lower_fun(reference, multiple_results=True))
+    default = reference if partitioned_reference is None else partitioned_reference
+    mlir.register_lowering(outer, mlir.lower_fun(default, multiple_results=True))
     for platform in sorted(kernel_platforms):
         mlir.register_lowering(
             outer, mlir.lower_fun(partitioned, multiple_results=True), platform=platform

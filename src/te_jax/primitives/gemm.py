@@ -32,8 +32,9 @@ float64 operands take the pure-JAX path and compute in float64.
 Paths: ``bind_gemm(..., implementation=None)`` binds the outer primitive ``gemm_p``, which lowers
 to the kernel on the platforms where ``te_jax_gemm`` is registered (CUDA: there is no CPU
 handler) and to ``reference_results`` (pure JAX: ``lax.dot_general`` in float32 at HIGHEST
-precision, then the epilogue) everywhere else; ``implementation="xla"`` calls
-``reference_results`` without the primitive; ``"ffi"`` insists on the kernel (a ``RuntimeError``
+precision, then the epilogue) everywhere else, both under the same ``custom_partitioning``
+(``gemm_sharding``); ``implementation="xla"`` (and float64) calls ``reference_results`` without
+the primitive; ``"ffi"`` insists on the kernel (a ``RuntimeError``
 on a backend without ``te_jax_gemm``, the CPU included).
 
 vmap: a batched lhs with an unbatched rank-2 rhs (a shared weight) folds the vmapped axes into M,
@@ -43,9 +44,8 @@ batched bias or scale_inv, ``grad_bias`` (one dbias per batch element) or an aux
 run the GEMM without epilogue into float32 (16-bit operands widened exactly to float32 first, so
 the accumulation is the same) and apply the scales and the epilogue in JAX: exact, and one GEMM.
 
-Sharding: not yet (no ``custom_partitioning``): the kernel lowering is the same ``local`` function
-sharded or not, so XLA gathers sharded operands of the custom call; the pure-JAX lowering is
-partitioned by XLA as any dot.
+Sharding: ``te_jax.primitives.gemm_sharding`` (data, column and row parallel; the weight, never
+the activation, gathered where a mesh axis would split both).
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ from jax.core import ShapedArray
 from jax.interpreters import batching
 
 from te_jax import _ffi, reference
-from te_jax._enum import NamedIntEnum
-from te_jax.dispatch import use_ffi
+from te_jax.dispatch import environment_implementation, use_ffi
 from te_jax.primitives import base
+from te_jax.primitives.gemm_epilogue import GemmEpilogue
+from te_jax.primitives.gemm_sharding import make_partitioned_gemm
 from te_jax.quantize import formats
 
 __all__ = [
@@ -80,16 +81,6 @@ __all__ = [
 TARGET = "te_jax_gemm"
 GEMM_WORKSPACE_BYTES = 32 * 1024 * 1024  # the contract's kGemmWorkspaceBytes (cuBLASLt's)
 _WHERE = "te_jax.gemm"
-
-
-class GemmEpilogue(NamedIntEnum):
-    """The fused epilogue of ``bind_gemm``; the value is the FFI attribute ``epilogue``."""
-
-    DEFAULT = 0  # out = h
-    GELU_AUX = 1  # out = gelu(h), aux = h
-    RELU = 2  # out = max(h, 0)
-    DGELU = 3  # out = acc * gelu'(aux); with grad_bias, dbias = sum over B, M of out
-    GELU = 4  # out = gelu(h), no aux
 
 
 class GemmResult(NamedTuple):
@@ -358,15 +349,16 @@ def _abstract(
 
 # The kernel lowering goes to the platforms where te_jax_gemm is registered: CUDA when the CUDA
 # extension has it (the contract has no CPU handler); the CPU (and a CUDA build without the GEMM)
-# lowers to the reference. No custom_partitioning yet: "partitioned" is the local kernel.
+# lowers to the reference. Both under the same custom_partitioning (gemm_sharding.py).
 KERNEL_PLATFORMS = _ffi.target_platforms(TARGET)
 
 base.register_outer_rules(
     gemm_p,
     local=_kernel,
-    partitioned=_kernel,
+    partitioned=make_partitioned_gemm(_kernel),
     reference=reference_results,
     platforms=KERNEL_PLATFORMS,
+    partitioned_reference=make_partitioned_gemm(reference_results),
 )
 
 
@@ -699,7 +691,11 @@ def bind_gemm(
     )
     operands = (lhs, rhs, bias, aux, lhs_si, rhs_si)
     kernel = use_ffi("gemm", implementation, lhs.dtype, target=TARGET, kernel_dtypes=_KERNEL_DTYPES)
-    fn = gemm_p.bind if kernel else reference_results
+    # Without the kernel the primitive still runs where it can, its lowering the pure-JAX product
+    # under the kernel's custom_partitioning (the same collectives on every platform); the pure
+    # path asked for ("xla") and float64 skip it.
+    pure = (implementation or environment_implementation()) == "xla" or lhs.dtype == _F64
+    fn = gemm_p.bind if kernel or not pure else reference_results
     outs = iter(fn(*operands, **params))
     out = next(outs)
     return GemmResult(

@@ -1,0 +1,240 @@
+"""The GEMM primitive sharded on a CPU mesh of 8 devices (run by tests/test_sharding.py in its
+own process). The partition is the one the CUDA kernel runs under (the CPU's local product is
+the pure-JAX one): each layout gives the unsharded result and compiles to exactly the
+collectives its strategy needs (gemm_sharding's docstring):
+
+    data parallel, column parallel       none
+    row parallel (k split)               one all-reduce of the output
+    FSDP forward (weight split on data)  one all-gather, of the weight
+    wgrad over data-split rows           one all-reduce (DP) or one reduce-scatter (FSDP)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from te_jax.primitives.gemm import GemmEpilogue, bind_gemm  # noqa: E402
+from te_jax.quantize import formats  # noqa: E402
+
+if len(jax.devices()) < 8:
+    if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
+        raise RuntimeError(f"8 devices were asked for, jax has {jax.devices()}")
+    pytest.skip(
+        "needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
+        allow_module_level=True,
+    )
+
+DEVICES = np.array(jax.devices()[:8])
+MESH_1D = Mesh(DEVICES, ("x",))
+MESH_2D = Mesh(DEVICES.reshape(2, 4), ("data", "tensor"))
+_COLLECTIVE = re.compile(
+    r"= (?P<type>\S+) (?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+    r"(?:-start)?\("
+)
+M, K, N = 64, 32, 48
+
+
+def collectives(text: str) -> dict[str, list[str]]:
+    """Collective ops of a compiled module: kind -> result types."""
+    out: dict[str, list[str]] = {}
+    for m in _COLLECTIVE.finditer(text):
+        out.setdefault(m["op"], []).append(m["type"])
+    return out
+
+
+def _run(mesh, specs, out_specs, fn, *args):
+    """``fn`` jitted with the given operand and result shardings: (compiled text, results)."""
+    shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
+    jitted = jax.jit(
+        fn,
+        in_shardings=tuple(shard(s) for s in specs),
+        out_shardings=tuple(shard(s) for s in out_specs),
+    )
+    placed = [jax.device_put(a, shard(s)) for a, s in zip(args, specs, strict=True)]
+    return jitted.lower(*args).compile().as_text(), jitted(*placed)
+
+
+def _operands(rng, lhs_shape, rhs_shape, dtype=jnp.float32):
+    lhs = jnp.asarray(rng.uniform(-1, 1, lhs_shape), dtype)
+    rhs = jnp.asarray(rng.uniform(-1, 1, rhs_shape) / np.sqrt(K), dtype)
+    return lhs, rhs
+
+
+def _close(got, want):
+    """float32 products: XLA:CPU's dot sums in an order that depends on the block shape, and
+    a split k adds partial sums in another order: a few ulps of the result."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+
+
+# (name, mesh, lhs spec, rhs spec, out spec, lhs_trans, expected collectives: kind -> count)
+FORWARD = [
+    ("dp", MESH_1D, P("x", None), P(None, None), P("x", None), {}),
+    ("column", MESH_1D, P(None, None), P(None, "x"), P(None, "x"), {}),
+    ("row", MESH_1D, P(None, "x"), P("x", None), P(None, None), {"all-reduce": 1}),
+    ("fsdp", MESH_1D, P("x", None), P("x", None), P("x", None), {"all-gather": 1}),
+    ("dp_tp_column", MESH_2D, P("data", None), P(None, "tensor"), P("data", "tensor"), {}),
+    (
+        "dp_tp_row",
+        MESH_2D,
+        P("data", "tensor"),
+        P("tensor", None),
+        P("data", None),
+        {"all-reduce": 1},
+    ),
+    (
+        "fsdp_tp_column",
+        MESH_2D,
+        P("data", None),
+        P("data", "tensor"),
+        P("data", "tensor"),
+        {"all-gather": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("case", FORWARD, ids=[c[0] for c in FORWARD])
+def test_forward_layouts(case, bias, rng):
+    """x (M, K) · w (K, N) + b under each layout: the unsharded result, and only the expected
+    collectives (an all-gather only ever of the weight, never of x)."""
+    name, mesh, ls, rs, os_, want = case
+    lhs, rhs = _operands(rng, (M, K), (K, N))
+    b = jnp.asarray(rng.uniform(-1, 1, (N,)), jnp.float32) if bias else None
+    b_spec = P(rs[1]) if bias else None
+
+    def f(lhs, rhs, b):
+        return (bind_gemm(lhs, rhs, b).out,)
+
+    specs = (ls, rs, b_spec) if bias else (ls, rs)
+    fn = f if bias else (lambda lhs, rhs: f(lhs, rhs, None))
+    args = (lhs, rhs, b) if bias else (lhs, rhs)
+    text, (out,) = _run(mesh, specs, (os_,), fn, *args)
+    _close(out, bind_gemm(lhs, rhs, b, implementation="xla").out)
+    got = collectives(text)
+    assert {k: len(v) for k, v in got.items()} == want, got
+    for t in got.get("all-gather", []):  # the weight, whole (or its tensor-parallel slice)
+        assert t.split("[")[1].split("]")[0].split(",")[0] == str(K), (t, "not the weight")
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["dp", "fsdp"])
+def test_wgrad_over_split_rows(fsdp, rng):
+    """dkernel = xᵀ · dh with the rows split over the data axis: one all-reduce, or with the
+    result wanted split (FSDP) one reduce-scatter, and no all-gather."""
+    x, dh = _operands(rng, (M, K), (M, N))
+
+    def f(x, dh):
+        return (bind_gemm(x, dh, lhs_trans=True).out,)
+
+    out_spec = P("x", None) if fsdp else P(None, None)
+    text, (out,) = _run(MESH_1D, (P("x", None), P("x", None)), (out_spec,), f, x, dh)
+    _close(out, bind_gemm(x, dh, lhs_trans=True, implementation="xla").out)
+    got = {k: len(v) for k, v in collectives(text).items()}
+    assert got == ({"reduce-scatter": 1} if fsdp else {"all-reduce": 1}), got
+
+
+def test_nonlinear_epilogue_gathers_k(rng):
+    """GELU in the epilogue is not linear in the product: a k split is gathered, not summed,
+    and the result is the unsharded one."""
+    lhs, rhs = _operands(rng, (M, K), (K, N))
+
+    def f(lhs, rhs):
+        r = bind_gemm(lhs, rhs, epilogue=GemmEpilogue.GELU_AUX)
+        return r.out, r.aux
+
+    text, (out, aux) = _run(
+        MESH_1D, (P(None, "x"), P("x", None)), (P(None, None), P(None, None)), f, lhs, rhs
+    )
+    want = bind_gemm(lhs, rhs, epilogue=GemmEpilogue.GELU_AUX, implementation="xla")
+    _close(out, want.out)
+    _close(aux, want.aux)
+    assert "all-reduce" not in collectives(text)
+
+
+def test_dgelu_dbias_over_split_rows(rng):
+    """DGELU with grad_bias, rows split: dbias summed over the shards (one all-reduce)."""
+    dy, w = _operands(rng, (M, K), (N, K))
+    aux = jnp.asarray(rng.uniform(-2, 2, (M, N)), jnp.float32)
+
+    def f(dy, w, aux):
+        r = bind_gemm(dy, w, aux=aux, rhs_trans=True, epilogue=GemmEpilogue.DGELU, grad_bias=True)
+        return r.out, r.dbias
+
+    text, (out, db) = _run(
+        MESH_1D, (P("x", None), P(None, None), P("x", None)), (P("x", None), P(None)), f, dy, w, aux
+    )
+    want = bind_gemm(
+        dy,
+        w,
+        aux=aux,
+        rhs_trans=True,
+        epilogue=GemmEpilogue.DGELU,
+        grad_bias=True,
+        implementation="xla",
+    )
+    _close(out, want.out)
+    _close(db, want.dbias)
+    assert {k: len(v) for k, v in collectives(text).items()} == {"all-reduce": 1}
+
+
+@pytest.mark.parametrize("layout", ["dp", "row"])
+def test_fp8_operands(layout, rng):
+    """FP8 operands in the TN form with their scales (replicated): data parallel needs nothing,
+    row parallel one all-reduce; the unsharded product either way; output_amax the max over
+    every shard."""
+    lhs32, rhs32 = _operands(rng, (M, K), (N, K))
+    lhs = lhs32.astype(formats.E4M3)
+    rhs = (rhs32 * 8).astype(formats.E4M3)
+    ls, rs = jnp.full((1,), 0.5, jnp.float32), jnp.full((1,), 0.125, jnp.float32)
+
+    def f(lhs, rhs, ls, rs):
+        r = bind_gemm(
+            lhs,
+            rhs,
+            lhs_scale_inv=ls,
+            rhs_scale_inv=rs,
+            rhs_trans=True,
+            out_dtype=jnp.float32,
+            output_amax=True,
+        )
+        return r.out, r.amax
+
+    specs = {
+        "dp": (P("x", None), P(None, None)),
+        "row": (P(None, "x"), P(None, "x")),
+    }[layout]
+    out_spec = P("x", None) if layout == "dp" else P(None, None)
+    text, (out, amax) = _run(
+        MESH_1D, specs + (P(None), P(None)), (out_spec, P(None)), f, lhs, rhs, ls, rs
+    )
+    want = bind_gemm(
+        lhs,
+        rhs,
+        lhs_scale_inv=ls,
+        rhs_scale_inv=rs,
+        rhs_trans=True,
+        out_dtype=jnp.float32,
+        output_amax=True,
+        implementation="xla",
+    )
+    _close(out, want.out)
+    np.testing.assert_allclose(amax, want.amax, rtol=1e-6)
+    got = {k: len(v) for k, v in collectives(text).items()}
+    # dp: the amax's max over the shards of out; row: the product's sum (out is then whole).
+    assert got == {"all-reduce": 1}, got
