@@ -56,18 +56,16 @@ from te_jax import _ffi, reference
 from te_jax.activation import act_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import check_input_dtype, environment_implementation
-from te_jax.primitives.gemm import GemmEpilogue, bind_gemm
+from te_jax.primitives.gemm import FP8_ALIGNMENT, GemmEpilogue, bind_gemm
 from te_jax.quantize import formats
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.scaled_tensor import ScaledTensor, cotangent_from_gradient
 from te_jax.quantized import quantize
 from te_jax.recipe import QuantizerSet
+from te_jax.sharding import check_logical_axes, logical_constraint
 
 __all__ = ["dense"]
 
-# cuBLASLt's FP8 GEMM needs the contracting dimension and the output's columns to be multiples
-# of 16 (16-byte aligned leading dimensions).
-FP8_GEMM_ALIGNMENT = 16
 
 _ROW = QuantizeLayout.ROWWISE
 _COL = QuantizeLayout.COLWISE
@@ -87,6 +85,7 @@ class _Config:
     implementation: str | None
     kernel_gemm: bool  # the GEMMs run on te_jax's CUDA handler
     kernel_dtype: np.dtype  # the kernel's own: quantized from it under a recipe
+    kernel_axes: tuple[str | None, ...] | None = None  # logical names: dkernel's sharding
 
     @property
     def out_features(self) -> tuple[int, ...]:
@@ -105,6 +104,7 @@ def dense(
     act_params: ActivationParams | None = None,
     contracting_dims: tuple[Sequence[int], Sequence[int]] = ((-1,), (0,)),
     implementation: str | None = None,
+    kernel_axes: Sequence[str | None] | None = None,
 ):
     """Dense layer: ``y = act(x · kernel + bias)``, one differentiable op.
 
@@ -126,6 +126,10 @@ def dense(
       contracting_dims: ``(x_axes, kernel_axes)``; x's must be its trailing axes and the
         kernel's its leading ones, in the same order (the default: last of x, first of kernel).
       implementation: ``None`` (te_jax's kernels where there are some), ``"ffi"`` or ``"xla"``.
+      kernel_axes: the kernel's logical axis names (one per axis, ``None`` for none), as the
+        Flax modules give them: under a mesh and Flax logical axis rules the kernel's gradient
+        is constrained to the kernel's sharding, so an FSDP-sharded kernel's gradient is
+        reduce-scattered rather than all-reduced (``te_jax.sharding``). No effect otherwise.
 
     Returns:
       ``y``: ``(..., *F)`` (gated: ``(..., N)``) in x's dtype.
@@ -139,6 +143,7 @@ def dense(
         act_params,
         contracting_dims,
         implementation,
+        kernel_axes=kernel_axes,
     )
     if cfg.dtype == np.float64:
         return _dense_float64(x, kernel, bias, cfg)
@@ -160,7 +165,16 @@ def _dense_float64(x, kernel, bias, cfg: _Config):
 
 
 def _prepare(
-    x, kernel, bias, activation_type, qs, act_params, contracting_dims, impl, where="te_jax.dense"
+    x,
+    kernel,
+    bias,
+    activation_type,
+    qs,
+    act_params,
+    contracting_dims,
+    impl,
+    where="te_jax.dense",
+    kernel_axes=None,
 ):
     if impl not in (None, "ffi", "xla"):
         raise ValueError(f"{where}: implementation must be None, 'ffi' or 'xla', got {impl!r}")
@@ -235,6 +249,7 @@ def _prepare(
         impl,
         kernel_gemm,
         np.dtype(kernel.dtype),
+        check_logical_axes(where, "kernel_axes", kernel_axes, jnp.ndim(kernel)),
     )
     return cfg, kernel, bias, qs
 
@@ -403,8 +418,11 @@ def _unflatten_y(y, ops: _Operands, cfg: _Config):
     return y.reshape(ops.lead + cfg.out_features)
 
 
-def _gemm_impl(cfg: _Config) -> str:
-    return "ffi" if cfg.kernel_gemm else "xla"
+def _gemm_impl(cfg: _Config) -> str | None:
+    """The GEMM primitive's implementation: the kernel where it runs; otherwise the primitive
+    with its pure-JAX product (sharded by the same partition as the kernel), or pure JAX
+    where that was asked for."""
+    return "ffi" if cfg.kernel_gemm else cfg.implementation
 
 
 def _quantize_operands(x, k2, qs: QuantizerSet, ops: _Operands, cfg: _Config, residuals: bool):
@@ -442,7 +460,7 @@ def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n):
     if a.scaling_mode.is_tensor_scaling:
         lhs, ls = _tn_operand(a, a_copy, m, k)
         rhs, rs = _tn_operand(b, b_copy, n, k)
-        if k % FP8_GEMM_ALIGNMENT or n % FP8_GEMM_ALIGNMENT:
+        if k % FP8_ALIGNMENT or n % FP8_ALIGNMENT:
             # An FP8 GEMM (cuBLASLt's, and the primitive's contract) cannot take this shape:
             # the same product in float32.
             lhs = formats.to_float32(lhs) * ls[0]
@@ -547,10 +565,11 @@ def _wgrad(cfg: _Config, res, ops: _Operands, dh):
     x = res.x
     if res.qs is None:
         dk = bind_gemm(x, dh, lhs_trans=True, implementation=_gemm_impl(cfg)).out
-        return dk.reshape(_k_shape(ops, cfg))
+        return logical_constraint(dk.reshape(_k_shape(ops, cfg)), cfg.kernel_axes)
     z = GemmEpilogue.DEFAULT
     dk = _quantized_gemm(x, "colwise", dh, "colwise", None, z, cfg.dtype, cfg, ops.k, ops.m, ops.f)
-    return dk.out.reshape(_k_shape(ops, cfg)).astype(cfg.kernel_dtype)
+    dk = logical_constraint(dk.out.reshape(_k_shape(ops, cfg)), cfg.kernel_axes)
+    return dk.astype(cfg.kernel_dtype)
 
 
 def _next_set(res, dh):

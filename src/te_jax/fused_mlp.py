@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -67,6 +68,7 @@ def fused_mlp(
     quantizer_sets: tuple[QuantizerSet | None, QuantizerSet | None] = (None, None),
     act_params: ActivationParams | None = None,
     implementation: str | None = None,
+    kernel_axes: tuple[Sequence[str | None] | None, Sequence[str | None] | None] = (None, None),
 ) -> jax.Array:
     """The MLP block's GEMMs: ``out = act(x · kernel_1 + bias_1) · kernel_2 + bias_2``.
 
@@ -83,6 +85,7 @@ def fused_mlp(
       quantizer_sets: one ``QuantizerSet`` (or ``None``) per GEMM, from one recipe.
       act_params: ``ActivationParams`` for clamped SwiGLU.
       implementation: ``None``, ``"ffi"`` or ``"xla"``, as for ``dense``.
+      kernel_axes: each kernel's logical axis names (or ``None``), as ``dense``'s.
 
     Returns:
       ``out (..., *F)`` in x's dtype.
@@ -90,8 +93,18 @@ def fused_mlp(
     if activation_type is None:
         raise ValueError(f"{_WHERE}: activation_type is required (the MLP's activation)")
     qs = _quantizer_sets(quantizer_sets)
+    axes_1, axes_2 = kernel_axes
     c1, k1, b1, q1 = _dense._prepare(
-        x, kernel_1, bias_1, activation_type, qs[0], act_params, _LAST, implementation, _WHERE
+        x,
+        kernel_1,
+        bias_1,
+        activation_type,
+        qs[0],
+        act_params,
+        _LAST,
+        implementation,
+        _WHERE,
+        kernel_axes=axes_1,
     )
     if len(c1.out_features) != 1:
         raise ValueError(
@@ -100,13 +113,24 @@ def fused_mlp(
         )
     hidden = jax.ShapeDtypeStruct(tuple(jnp.shape(x))[:-1] + c1.out_features, c1.dtype)
     c2, k2, b2, q2 = _dense._prepare(
-        hidden, kernel_2, bias_2, None, qs[1], None, _LAST, implementation, _WHERE
+        hidden, kernel_2, bias_2, None, qs[1], None, _LAST, implementation, _WHERE, axes_2
     )
     if c1.dtype == np.float64 or (q1 is None) != (q2 is None):
         # float64 (pure JAX), or one GEMM quantized and not the other: nothing crosses the
         # boundary fused, so the two dense calls are the op.
-        h = _dense.dense(x, kernel_1, bias_1, c1.act, q1, c1.params, implementation=implementation)
-        return _dense.dense(h, kernel_2, bias_2, None, q2, implementation=implementation)
+        h = _dense.dense(
+            x,
+            kernel_1,
+            bias_1,
+            c1.act,
+            q1,
+            c1.params,
+            implementation=implementation,
+            kernel_axes=axes_1,
+        )
+        return _dense.dense(
+            h, kernel_2, bias_2, None, q2, implementation=implementation, kernel_axes=axes_2
+        )
     dgelu = q1 is None and c1.kernel_gemm and c2.kernel_gemm and c1.act is ActivationType.GELU
     return _mlp(x, k1, b1, k2, b2, q1, q2, _Config(c1, c2, dgelu))
 

@@ -145,6 +145,7 @@ def dense_general(
     act_params: ActivationParams | None = None,
     quantizer_set: QuantizerSet | None = None,
     implementation: str | None = None,
+    kernel_axes: Sequence[str | None] | None = None,
 ) -> jax.Array:
     """``y = act(x · kernel + bias)`` contracting x's axes ``axis`` (any of them, in order) with
     the kernel's leading axes.
@@ -154,6 +155,7 @@ def dense_general(
         not already trailing).
       kernel: ``(*in, *F)``; gated: ``(*in, 2, *F)``.
       bias: ``None``, ``F`` or (gated) ``(2, *F)``.
+      kernel_axes: the kernel's logical axis names (``te_jax.dense``'s ``kernel_axes``).
 
     Returns:
       ``(*batch, *F)``: x's other axes in order, then the features.
@@ -170,6 +172,7 @@ def dense_general(
     if gated and len(features) != 1:
         # dense takes a gated kernel as (K..., 2, N): fold the feature axes into N.
         kernel = jnp.reshape(kernel, (*jnp.shape(kernel)[: n + 1], math.prod(features)))
+        kernel_axes = None  # the folded axis has no single name
         if bias is not None:
             bias = jnp.reshape(bias, (2, math.prod(features)))
     y = dense(
@@ -181,6 +184,7 @@ def dense_general(
         act_params=act_params,
         contracting_dims=(trailing, tuple(range(n))),
         implementation=implementation,
+        kernel_axes=kernel_axes,
     )
     return jnp.reshape(y, (*jnp.shape(y)[:-1], *features)) if gated else y
 
@@ -202,6 +206,7 @@ def layernorm_mlp(
     quantizer_sets: tuple[QuantizerSet | None, QuantizerSet | None] = (None, None),
     dropout: Callable[[jax.Array], jax.Array] | None = None,
     implementation: str | None = None,
+    kernel_axes: tuple[Sequence[str | None] | None, Sequence[str | None] | None] = (None, None),
 ) -> tuple[jax.Array, jax.Array]:
     """The transformer MLP block: ``out = dense(drop(act(norm(x) · W1 + b1)) · W2 + b2)``.
 
@@ -213,6 +218,7 @@ def layernorm_mlp(
       quantizer_sets: one ``QuantizerSet`` (or ``None``) per GEMM.
       dropout: applied to the activation's output, ``None`` for none. Without it the two
         GEMMs are one ``te_jax.fused_mlp`` (fusions across the GEMM boundary, same math).
+      kernel_axes: each kernel's logical axis names (``te_jax.dense``'s ``kernel_axes``).
 
     Returns:
       ``(out (..., H), ln_out (..., H))``: ``ln_out`` is the first GEMM's input (x itself
@@ -239,6 +245,7 @@ def layernorm_mlp(
             quantizer_sets,
             act_params=act_params,
             implementation=implementation,
+            kernel_axes=kernel_axes,
         )
         return out, ln_out
     # Dropout sits between the GEMMs: two dense calls around it.
@@ -250,8 +257,14 @@ def layernorm_mlp(
         quantizer_set=quantizer_sets[0],
         act_params=act_params,
         implementation=implementation,
+        kernel_axes=kernel_axes[0],
     )
     out = dense(
-        dropout(h), kernel_2, bias_2, quantizer_set=quantizer_sets[1], implementation=implementation
+        dropout(h),
+        kernel_2,
+        bias_2,
+        quantizer_set=quantizer_sets[1],
+        implementation=implementation,
+        kernel_axes=kernel_axes[1],
     )
     return out, ln_out

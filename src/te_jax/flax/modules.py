@@ -155,11 +155,12 @@ def _dense_general(module, x, axis, where: str):
     features = (feats,) if isinstance(feats, int) else tuple(feats)
     gated = act is not None and act.is_gated
     k_shape = layers.dense_kernel_shape([x.shape[a] for a in axes], features, act)
+    kernel_axes = layers.fit_axes(where, module.kernel_axes, k_shape, False)
     kernel = _kernel(
         module,
         "kernel",
         module.kernel_init,
-        layers.fit_axes(where, module.kernel_axes, k_shape, False),
+        kernel_axes,
         k_shape,
         len(axes),
         gated,
@@ -185,6 +186,7 @@ def _dense_general(module, x, axis, where: str):
         act_params=params,
         quantizer_set=quantizer_set(module, recipe, "kernel"),
         implementation=module.implementation,
+        kernel_axes=kernel_axes,
     )
 
 
@@ -300,11 +302,13 @@ class LayerNormMLP(nn.Module):
         if self.enable_layernorm:
             gamma, beta = _NormParams.create(self, hidden, where)
         k1_shape = layers.mlp_kernel_1_shape(hidden, inter, act)
+        axes_1 = layers.fit_axes(where, self.kernel_axes_1, k1_shape, not gated)
+        axes_2 = layers.fit_axes(where, self.kernel_axes_2, (inter, hidden), False)
         k1 = _kernel(
             self,
             "wi_kernel",
             self.kernel_init,
-            layers.fit_axes(where, self.kernel_axes_1, k1_shape, not gated),
+            axes_1,
             k1_shape,
             1,
             gated,
@@ -314,7 +318,7 @@ class LayerNormMLP(nn.Module):
             self,
             "wo_kernel",
             self.kernel_init,
-            layers.fit_axes(where, self.kernel_axes_2, (inter, hidden), False),
+            axes_2,
             (inter, hidden),
             1,
             False,
@@ -365,5 +369,6 @@ class LayerNormMLP(nn.Module):
             quantizer_sets=(quantizer_set(self, recipe, "wi"), quantizer_set(self, recipe, "wo")),
             dropout=dropout,
             implementation=self.implementation,
+            kernel_axes=(axes_1, axes_2),
         )
         return out, (ln_out if self.return_layernorm_output else None)

@@ -40,6 +40,11 @@ def _param(value, axes) -> nnx.Param:
     return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=eager)
 
 
+def _logical_axes(param: nnx.Param):
+    """A parameter's logical axis names (``None``: none given)."""
+    return param.get_metadata().get("out_sharding")
+
+
 def _compute_dtype(dtype, x):
     return jnp.dtype(dtype) if dtype is not None else jnp.result_type(x)
 
@@ -199,6 +204,7 @@ class _Dense:
             act_params=module.act_params,
             quantizer_set=module.quantizers(),
             implementation=module.implementation,
+            kernel_axes=_logical_axes(module.kernel),
         )
 
 
@@ -468,5 +474,6 @@ class LayerNormMLP(nnx.Module):
             quantizer_sets=(self.wi_quantizers(), self.wo_quantizers()),
             dropout=dropout,
             implementation=self.implementation,
+            kernel_axes=(_logical_axes(self.wi_kernel), _logical_axes(self.wo_kernel)),
         )
         return out, (ln_out if self.return_layernorm_output else None)

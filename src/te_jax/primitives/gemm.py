@@ -81,6 +81,8 @@ __all__ = [
 TARGET = "te_jax_gemm"
 GEMM_WORKSPACE_BYTES = 32 * 1024 * 1024  # the contract's kGemmWorkspaceBytes (cuBLASLt's)
 _WHERE = "te_jax.gemm"
+# cuBLASLt's FP8 GEMM needs K and N to be multiples of 16 (16-byte aligned leading dimensions).
+FP8_ALIGNMENT = 16
 
 
 class GemmResult(NamedTuple):
@@ -243,6 +245,30 @@ def _kernel(
         )[0]
         dbias = jnp.sum(out.astype(_F32), axis=tuple(range(out.ndim - 1))).astype(out_dtype)
         return [out, dbias]
+    if np.dtype(lhs.dtype) in _FP8 and (k % FP8_ALIGNMENT or n % FP8_ALIGNMENT):
+        # A shard of a sharded FP8 GEMM whose K or N cuBLASLt's FP8 GEMM cannot take: the
+        # operands widened exactly to float32, the product in float32, scales and epilogue in
+        # JAX (the same math).
+        acc = _kernel(
+            formats.to_float32(lhs),
+            formats.to_float32(rhs),
+            jnp.zeros((0,), _F32),
+            jnp.zeros((0,), _F32),
+            jnp.ones((1,), _F32),
+            jnp.ones((1,), _F32),
+            **dict(params, epilogue=GemmEpilogue.DEFAULT, out_dtype=_F32, grad_bias=False),
+        )[0]
+        return _epilogue(
+            acc,
+            bias,
+            aux,
+            lhs_scale_inv,
+            rhs_scale_inv,
+            epilogue=epilogue,
+            out_dtype=out_dtype,
+            grad_bias=grad_bias,
+            output_amax=False,
+        )
     if np.dtype(lhs.dtype) in _FP8 and np.dtype(out_dtype) == _F32 and bias.size:
         # cuBLASLt's FP8 GEMM has no bias epilogue for a float32 output: the scaled float32
         # product from the kernel (exact: no rounding beyond float32), the rest in JAX.
@@ -523,9 +549,10 @@ def _check_operands(lhs, rhs, lhs_trans, rhs_trans):
                 f"rhs_trans={rhs_trans}"
             )
         for dim, v in (("K", k), ("N", n)):
-            if v % 16:
+            if v % FP8_ALIGNMENT:
                 raise ValueError(
-                    f"{_WHERE}: FP8 GEMMs need {dim} to be a multiple of 16, got {dim} = {v}"
+                    f"{_WHERE}: FP8 GEMMs need {dim} to be a multiple of {FP8_ALIGNMENT}, got "
+                    f"{dim} = {v}"
                 )
     return batch, m, k, n, fp8
 

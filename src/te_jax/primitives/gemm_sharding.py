@@ -123,6 +123,14 @@ def _partition(
     k = _free(k, used) if linear else None
     del rk  # rhs follows lhs's k
     k_axes = _entry_axes(k)
+    lhs_shape, rhs_shape = lhs_t.shape, rhs_t.shape
+    m_size, k_size = (lhs_shape[-1], lhs_shape[-2]) if lhs_trans else lhs_shape[-2:]
+    n_size = rhs_shape[-2] if rhs_trans else rhs_shape[-1]
+    _check_divisible(
+        mesh,
+        [(f"batch axis {i}", lhs_shape[i], e) for i, e in enumerate(b)]
+        + [("M (rows)", m_size, m), ("K (contraction)", k_size, k), ("N (columns)", n_size, n)],
+    )
 
     # A result wanted split, along m or n, over k's axes: reduce-scatter there.
     results = result_shape if isinstance(result_shape, (list, tuple)) else [result_shape]
@@ -192,6 +200,20 @@ def _partition(
         return outs
 
     return mesh, lower, out_shardings, arg_shardings
+
+
+def _check_divisible(mesh, dims) -> None:
+    """Each split dimension must divide evenly over its mesh axes: a shard of a padded
+    dimension would compute on padding (and block-scaled FP8 blocks would straddle it)."""
+    for what, size, entry in dims:
+        axes = _entry_axes(entry)
+        shards = math.prod(mesh.shape[a] for a in axes)
+        if axes and size % shards:
+            raise ValueError(
+                f"te_jax.gemm: the GEMM's {what} has size {size}, which mesh axes {axes} "
+                f"({shards} shards) do not divide evenly; shard it over axes whose sizes divide "
+                f"it, or pad it"
+            )
 
 
 def _first_shard(axes: tuple[str, ...]):

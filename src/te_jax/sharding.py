@@ -1,0 +1,151 @@
+"""Which mesh axis does what: data, FSDP, tensor and sequence parallelism for te_jax's ops and
+modules, as Flax logical axis rules.
+
+te_jax's ops shard the way XLA's own do: under ``jax.jit`` with sharded inputs and parameters
+(``NamedSharding``), each op runs on its shards and communicates only what its math needs
+(``te_jax.primitives.gemm_sharding``: the weight, never the activation, is gathered; a split
+contraction is all-reduced or reduce-scattered). Nothing here is needed for that; this module
+names the roles so that a mesh and Flax's logical axis rules shard a te_jax model in one line::
+
+    mesh = jax.make_mesh((2, 4), ("data", "tensor"))
+    resource = te_jax.sharding.MeshResource(dp_resource="data", tp_resource="tensor")
+    with nn.logical_axis_rules(resource.logical_axis_rules()):   # or nnx.logical_axis_rules
+        specs = nn.get_partition_spec(variables)                  # parameters -> mesh axes
+
+Logical axis names te_jax's modules put on their parameters (``te_jax.flax`` / ``te_jax.nnx``):
+
+========== ============================================ =========================
+name       dimension                                    mesh axis
+========== ============================================ =========================
+``embed``  the model (hidden) dimension ``H``           ``fsdp_resource``
+``mlp``    the MLP's intermediate dimension ``I``       ``tp_resource``
+``act``    the gate axis (``2``) of a gated kernel      never split
+========== ============================================ =========================
+
+and the names for activations (for ``nn.with_logical_constraint`` in a user's model):
+``batch`` -> ``(dp_resource, fsdp_resource)`` (FSDP is data parallel too), ``length`` ->
+``sp_resource``, ``embed`` and ``mlp`` as above where the axis is still free.
+
+With ``tp_resource`` the MLP is Megatron-style: ``wi`` (``(H, I)``, gated ``(H, 2, I)``) column
+parallel, the activation and its gradient local to each shard, ``wo`` (``(I, H)``) row
+parallel with one all-reduce of the output in the forward and one of ``dx`` in the backward.
+With ``fsdp_resource`` every parameter is split over that axis and all-gathered just before its
+GEMM, and its gradient reduce-scattered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["MeshResource", "LOGICAL_AXES", "parse_mesh", "logical_constraint"]
+
+# The logical axis names te_jax's modules and examples use.
+LOGICAL_AXES = ("batch", "length", "embed", "mlp", "act")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshResource:
+    """The mesh axis (a name of the mesh, or ``None``) of each kind of parallelism.
+
+    Attributes:
+      dp_resource: data parallelism: the batch split over it, parameters replicated.
+      fsdp_resource: fully sharded data parallelism: the batch split over it too, and every
+        parameter split along its ``embed`` dimension.
+      tp_resource: tensor parallelism: the MLP's intermediate dimension (``mlp``) split.
+      sp_resource: sequence parallelism: the activations' ``length`` dimension split outside
+        the tensor-parallel region (usually ``tp_resource``'s axis).
+    """
+
+    dp_resource: str | None = None
+    fsdp_resource: str | None = None
+    tp_resource: str | None = None
+    sp_resource: str | None = None
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None and not isinstance(v, str):
+                raise TypeError(
+                    f"te_jax.sharding.MeshResource: {f.name} must be a mesh axis name (str) or "
+                    f"None, got {v!r}"
+                )
+        if self.dp_resource is not None and self.dp_resource == self.fsdp_resource:
+            raise ValueError(
+                "te_jax.sharding.MeshResource: dp_resource and fsdp_resource name the same "
+                f"mesh axis {self.dp_resource!r}; FSDP is data parallel already (give "
+                "fsdp_resource alone)"
+            )
+        if self.tp_resource is not None and self.tp_resource in (
+            self.dp_resource,
+            self.fsdp_resource,
+        ):
+            raise ValueError(
+                "te_jax.sharding.MeshResource: tp_resource must be an axis of its own, got "
+                f"{self.tp_resource!r} for data parallelism too"
+            )
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes the batch is split over: data parallel, then FSDP."""
+        return tuple(a for a in (self.dp_resource, self.fsdp_resource) if a is not None)
+
+    def logical_axis_rules(self) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
+        """Flax logical axis rules (``nn.logical_axis_rules`` / ``nnx.logical_axis_rules``)
+        mapping ``LOGICAL_AXES`` to this mesh's axes."""
+        batch = self.batch_axes
+        return (
+            ("batch", batch if len(batch) > 1 else (batch[0] if batch else None)),
+            ("length", self.sp_resource),
+            ("embed", self.fsdp_resource),
+            ("mlp", self.tp_resource),
+            ("act", None),
+        )
+
+    def check_mesh(self, mesh) -> None:
+        """Raises ``ValueError`` if an axis named here is not an axis of ``mesh``."""
+        names = tuple(mesh.axis_names)
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None and v not in names:
+                raise ValueError(
+                    f"te_jax.sharding.MeshResource: {f.name}={v!r} is not an axis of the mesh "
+                    f"(axes {names})"
+                )
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,tensor=4"`` -> ``{"data": 2, "tensor": 4}`` (the examples' ``--mesh``)."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, size = part.partition("=")
+        if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh: {part!r} must be name=size with size >= 1, e.g. data=2")
+        if name.strip() in out:
+            raise ValueError(f"--mesh: axis {name.strip()!r} given twice")
+        out[name.strip()] = int(size)
+    if not out:
+        raise ValueError("--mesh: give at least one axis, e.g. data=8")
+    return out
+
+
+def logical_constraint(x, axes):
+    """``x`` constrained to the sharding its logical axis names give under the active Flax
+    logical axis rules and mesh (``nn.with_logical_constraint``); ``x`` itself where ``axes``
+    is ``None`` or no rules or mesh are active."""
+    if axes is None:
+        return x
+    import flax.linen as nn  # noqa: PLC0415 -- Flax only where a model names its axes
+
+    return nn.with_logical_constraint(x, axes)
+
+
+def check_logical_axes(where: str, what: str, axes, ndim: int) -> tuple[str | None, ...] | None:
+    """``axes`` as a tuple of one logical name (or ``None``) per axis of an ``ndim`` array."""
+    if axes is None:
+        return None
+    axes = tuple(axes)
+    if len(axes) != ndim or not all(a is None or isinstance(a, str) for a in axes):
+        raise ValueError(
+            f"{where}: {what} must name each of the {ndim} axes (a str or None each), got {axes!r}"
+        )
+    return axes

@@ -1,0 +1,280 @@
+"""One training step of a 2-layer LayerNormMLP stack (Linen and NNX) on a CPU mesh of 8 devices,
+sharded by te_jax.sharding.MeshResource's logical axis rules, against the same step unsharded
+(run by tests/test_sharding.py in its own process).
+
+For DP(8), FSDP(8), TP(8), DP×TP(2×4) and FSDP×TP(2×4), bf16 and FP8 delayed / current: the
+output, every gradient and the FP8 state equal the unsharded step's (within a few ulps where a
+contraction is split and summed in another order; the FP8 state of the inputs and parameters
+bitwise), and the compiled step holds only the collectives the strategy needs: no all-gather of
+an activation anywhere; TP's data all-reduces are exactly one per row-parallel GEMM per
+direction; FSDP's all-gathers are of parameters only and its gradients reduce-scattered.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import te_jax  # noqa: E402
+import te_jax.flax as tef  # noqa: E402
+from te_jax import nnx as tnnx  # noqa: E402
+from te_jax.sharding import MeshResource  # noqa: E402
+
+if len(jax.devices()) < 8:
+    if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
+        raise RuntimeError(f"8 devices were asked for, jax has {jax.devices()}")
+    pytest.skip(
+        "needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
+        allow_module_level=True,
+    )
+
+DEVICES = np.array(jax.devices()[:8])
+# Sizes such that no activation (or shard of one) has the size of a parameter or of a shard of one.
+BATCH, SEQ, H, INTER = 8, 5, 48, 96
+STRATEGIES = {
+    "dp": ({"data": 8}, MeshResource(dp_resource="data")),
+    "fsdp": ({"data": 8}, MeshResource(fsdp_resource="data")),
+    "tp": ({"tensor": 8}, MeshResource(tp_resource="tensor")),
+    "dp_tp": ({"data": 2, "tensor": 4}, MeshResource(dp_resource="data", tp_resource="tensor")),
+    "fsdp_tp": (
+        {"data": 2, "tensor": 4},
+        MeshResource(fsdp_resource="data", tp_resource="tensor"),
+    ),
+}
+RECIPES = {
+    "bf16": None,
+    "delayed": te_jax.recipe.DelayedScaling(),
+    "current": te_jax.recipe.CurrentScaling(),
+}
+_COLLECTIVE = re.compile(
+    r"= (?P<type>\([^)]*\)|\S+) "
+    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+)
+_SHAPE = re.compile(r"[a-z0-9]+\[([0-9,]*)\]")
+
+
+def _mesh(axes: dict[str, int]) -> Mesh:
+    return Mesh(DEVICES.reshape(tuple(axes.values())), tuple(axes))
+
+
+def _collectives(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(kind, result shape) of each collective in a compiled module, a combined (tuple)
+    collective counted once per element."""
+    out = []
+    for m in _COLLECTIVE.finditer(text):
+        for dims in _SHAPE.findall(m["type"]):
+            out.append((m["op"], tuple(int(d) for d in dims.split(",") if d)))
+    return out
+
+
+# ---- the two families' steps -----------------------------------------------------------------
+
+
+class LinenStack(nn.Module):
+    recipe: object
+    act: tuple[str, ...]
+
+    @nn.compact
+    def __call__(self, x):
+        for i in range(2):
+            y, _ = tef.LayerNormMLP(
+                INTER, activations=self.act, use_bias=True, recipe=self.recipe, name=f"mlp{i}"
+            )(x)
+            x = x + y
+        return x
+
+
+class NNXStack(nnx.Module):
+    def __init__(self, recipe, act, rngs):
+        self.layers = nnx.List(
+            [
+                tnnx.LayerNormMLP(
+                    H, INTER, activations=act, use_bias=True, recipe=recipe, rngs=rngs
+                )
+                for _ in range(2)
+            ]
+        )
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = x + layer(x)[0]
+        return x
+
+
+def _linen(recipe, act, x):
+    model = LinenStack(recipe, act)
+    variables = model.init(jax.random.key(0), x)
+
+    def step(variables, x, dy):
+        def loss(v, x):
+            out = model.apply(v, x)
+            return jnp.sum(out.astype(jnp.float32) * dy), out
+
+        (_, out), grads = jax.value_and_grad(loss, has_aux=True)(variables, x)
+        return out, grads
+
+    def specs(variables, rules):  # Flax's own API: logical names, then the rules
+        return nn.logical_to_mesh(nn.get_partition_spec(variables), rules)
+
+    return variables, step, specs
+
+
+def _nnx(recipe, act, x):
+    model = NNXStack(recipe, act, nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+
+    def step(state, x, dy):
+        def loss(s, x):
+            out = nnx.merge(graphdef, s)(x)
+            return jnp.sum(out.astype(jnp.float32) * dy), out
+
+        (_, out), grads = jax.value_and_grad(loss, has_aux=True)(state, x)
+        return out, grads
+
+    def specs(state, rules):  # Flax's own API: the rules applied to the names
+        with nnx.logical_axis_rules(rules):
+            return nnx.get_partition_spec(state)
+
+    return state, step, specs
+
+
+FAMILIES = {"linen": _linen, "nnx": _nnx}
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((BATCH, SEQ, H)), jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((BATCH, SEQ, H)), jnp.float32)
+    return x, dy
+
+
+def _sharded_step(family, recipe, strategy, act):
+    """(unsharded (out, grads), sharded (out, grads), compiled text, state)."""
+    x, dy = _inputs()
+    state, step, partition_spec = FAMILIES[family](RECIPES[recipe], act, x)
+    want = jax.jit(step)(state, x, dy)
+    axes, resource = STRATEGIES[strategy]
+    mesh = _mesh(axes)
+    resource.check_mesh(mesh)
+    specs = partition_spec(state, resource.logical_axis_rules())
+    shard = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+    state_sh = jax.tree.map(shard, specs, is_leaf=lambda s: isinstance(s, P))
+    batch = resource.batch_axes or None
+    act_sh = shard(P(batch if batch is None or len(batch) > 1 else batch[0], None, None))
+    jitted = jax.jit(
+        step,
+        in_shardings=(state_sh, act_sh, act_sh),
+        out_shardings=(act_sh, state_sh),
+    )
+    placed = (
+        jax.device_put(state, state_sh),
+        jax.device_put(x, act_sh),
+        jax.device_put(dy, act_sh),
+    )
+    # The Flax pattern: a mesh and the logical axis rules around the step (te_jax constrains
+    # each kernel's gradient to the kernel's sharding with them).
+    with jax.set_mesh(mesh), nn.logical_axis_rules(resource.logical_axis_rules()):
+        text = jitted.lower(state, x, dy).compile().as_text()
+        got = jitted(*placed)
+    return want, got, text, state
+
+
+def _leaves(tree):
+    return jax.tree_util.tree_leaves_with_path(tree)
+
+
+# FP8 state that is a maximum of the same values sharded or not: every kernel's, and the first
+# layer's input's (Linen's fp8_metas names and NNX's FP8Meta paths).
+_BITWISE = re.compile(
+    r"kernel_(amax_history|scale)'\]|mlp0'\]\['wi_x_|\[0\]\['wi_quantizers'\]\['x_"
+)
+
+
+def _assert_step_equal(got, want, recipe, noise=None):
+    """out and every gradient against the unsharded step: bf16 within a bf16 rounding of
+    float32 sums taken in another order; FP8 within the FP8 step's own quantization noise
+    (``noise``: its distance from the bf16 step, leaf by leaf: a split sum can move a value
+    across an FP8 rounding boundary, one code step); the FP8 state of x and the kernels
+    bitwise where they are maxima of the same values (the kernels, the first layer's input),
+    the others (computed values, summed in another order) within 2^-4."""
+    noise = noise or {}
+    for (path, g), (_, w) in zip(_leaves(got), _leaves(want), strict=True):
+        name = jax.tree_util.keystr(path)
+        g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert g64.shape == w64.shape, name
+        if _BITWISE.search(name):
+            np.testing.assert_array_equal(g64, w64, err_msg=name)
+            continue
+        rtol = 2**-7 if recipe == "bf16" else max(2**-6, noise.get(name, 2**-4))
+        err = np.linalg.norm(g64 - w64) / max(np.linalg.norm(w64), 1e-30)
+        assert err <= rtol, f"{name}: relative error {err:.3g} > {rtol:.3g}"
+
+
+def _fp8_noise(fp8, bf16) -> dict[str, float]:
+    """Per leaf of the (out, grads) pair present in both: ||fp8 - bf16|| / ||fp8||."""
+    ref = {jax.tree_util.keystr(p): v for p, v in _leaves(bf16)}
+    out = {}
+    for p, v in _leaves(fp8):
+        name = jax.tree_util.keystr(p)
+        if name in ref and np.shape(ref[name]) == np.shape(v):
+            a, b = np.asarray(v, np.float64), np.asarray(ref[name], np.float64)
+            out[name] = float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
+    return out
+
+
+ACTS = {"gelu": ("gelu",), "swiglu": ("silu", "linear")}
+CASES = [(f, r, s, "gelu") for f in FAMILIES for r in RECIPES for s in STRATEGIES]
+# NNX computes what Linen does (tests/test_flax_modules.py): its FP8 rows on the 2-D meshes only.
+CASES = [c for c in CASES if c[0] == "linen" or c[1] == "bf16" or "_" in c[2]]
+
+
+@pytest.mark.parametrize("family, recipe, strategy, act", CASES, ids=["-".join(c) for c in CASES])
+def test_step_equals_unsharded(family, recipe, strategy, act):
+    want, got, text, state = _sharded_step(family, recipe, strategy, ACTS[act])
+    noise = None
+    if recipe != "bf16":
+        x, dy = _inputs()
+        bf16_state, step, _ = FAMILIES[family](None, ACTS[act], x)
+        noise = _fp8_noise(want, jax.jit(step)(bf16_state, x, dy))
+    _assert_step_equal(got, want, recipe, noise)
+
+    # Parameters and their shards by size (dense folds a gated kernel's (2, I) into 2I).
+    param_sizes = {int(np.prod(a.shape)) // d for a in jax.tree.leaves(state) for d in (1, 2, 4, 8)}
+    colls = _collectives(text)
+    data = [(op, s) for op, s in colls if s not in ((), (1,))]  # not an amax / scalar
+    # No activation is ever all-gathered: every all-gather result is a parameter's shape.
+    for op, s in data:
+        if op == "all-gather":
+            assert int(np.prod(s)) in param_sizes, f"all-gather of an activation {s}"
+    kinds = {op for op, _ in data}
+    assert kinds <= {"all-gather", "all-reduce", "reduce-scatter"}, kinds
+    if strategy == "tp":
+        # Row-parallel wo: one all-reduce of the output forward, one of dx backward, per layer.
+        assert [op for op, _ in data] == ["all-reduce"] * 4, data
+        assert all(s == (BATCH * SEQ, H) or s == (BATCH, SEQ, H) for _, s in data), data
+    if strategy == "dp":
+        assert "all-gather" not in kinds and "reduce-scatter" not in kinds, data
+    if strategy.startswith("fsdp"):
+        assert "reduce-scatter" in kinds, data
+
+
+def test_bad_mesh_is_refused():
+    """A mesh axis that does not divide the dimension it splits (the sequence, 5, over 8): a
+    ValueError naming the dimension when the step is compiled, never a wrong result."""
+    x, dy = _inputs()
+    state, step, _ = _linen(None, ACTS["gelu"], x)
+    bad = NamedSharding(_mesh({"tensor": 8}), P(None, "tensor", None))
+    with pytest.raises(ValueError, match="evenly divide"):
+        jax.jit(step, in_shardings=(None, bad, None)).lower(state, x, dy).compile()
