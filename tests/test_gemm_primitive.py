@@ -1022,7 +1022,7 @@ ERROR_CASES = {
     "bias_shape": (
         dict(lhs=_a((4, 16)), rhs=_a((16, 8)), bias=_a((4,))),
         ValueError,
-        r"bias must have shape \(8,\) \(N,\), got \(4,\)",
+        r"bias must have shape \(8,\) \(the output.s feature axes\), got \(4,\)",
     ),
     "bias_dtype": (
         dict(lhs=_a((4, 16)), rhs=_a((16, 8)), bias=_a((8,), BF16)),

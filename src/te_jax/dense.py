@@ -374,18 +374,17 @@ def _activate(h2, cfg: _Config, ep: GemmEpilogue, aux):
         return h2, h2
     if cfg.act is None:
         return h2, None
-    h = h2.reshape((h2.shape[0],) + cfg.features)
-    y = act_lu(h, cfg.act, act_params=cfg.params, implementation=cfg.implementation)
     # Explicit sizes, not -1: reshape cannot infer a -1 beside a 0 (an empty batch, M = 0).
-    return y.reshape(h2.shape[0], math.prod(cfg.out_features)), h2
+    h = h2.reshape((h2.shape[0],) + cfg.features)
+    return act_lu(h, cfg.act, act_params=cfg.params, implementation=cfg.implementation), h2
 
 
 class _Residuals(NamedTuple):
     """What the forward keeps for the backward."""
 
     x: jax.Array | ScaledTensor  # (M, K), or x's quantized copies
-    kernel: jax.Array | ScaledTensor  # (K, F), or the kernel's quantized copies
-    act_in: jax.Array | None  # what dact reads: h (M, F), y for the ReLU epilogue; None
+    kernel: jax.Array | ScaledTensor  # (K, *F), or the kernel's quantized copies of (K, F)
+    act_in: jax.Array | None  # what dact reads: h (M, *F), y for the ReLU epilogue; None
     quantized_x: ScaledTensor | None  # x as given, where it came quantized (its cotangent)
     new_qs: QuantizerSet | None  # the forward quantizers' next state
     qs: QuantizerSet | None  # the quantizer set used
@@ -393,16 +392,26 @@ class _Residuals(NamedTuple):
 
 def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
     ops = _shapes(tuple(x.shape)[: len(x.shape) - len(cfg.contract)], cfg)
-    k2 = kernel.reshape(ops.k, ops.f)
-    b1 = None if bias is None else bias.reshape(ops.f)
     ep = _epilogue(cfg, residuals)
     if qs is None:
+        # The kernel's output axes stay apart ((K, 2, N) for a gated kernel: a mesh axis can
+        # split N with both halves on each shard); the GEMM folds them locally.
         x2 = x.reshape(ops.m, ops.k)
-        r = bind_gemm(x2, k2, b1, epilogue=ep, implementation=_gemm_impl(cfg))
+        k2 = kernel.reshape((ops.k,) + cfg.features)
+        r = bind_gemm(
+            x2,
+            k2,
+            bias,
+            epilogue=ep,
+            implementation=_gemm_impl(cfg),
+            n_ndim=len(cfg.features),
+        )
         y, act_in = _activate(r.out, cfg, ep, r.aux)
         res = _Residuals(x2, k2, act_in, None, None, None) if residuals else None
         return _unflatten_y(y, ops, cfg), res
 
+    k2 = kernel.reshape(ops.k, ops.f)
+    b1 = None if bias is None else bias.reshape(ops.f)
     qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, ops, cfg, residuals)
     r = _quantized_gemm(qx, "rowwise", qk, "colwise", b1, ep, cfg.dtype, cfg, ops.m, ops.k, ops.f)
     y, act_in = _activate(r.out, cfg, ep, r.aux)
@@ -553,7 +562,10 @@ def _dgrad(cfg: _Config, res, ops: _Operands, dh):
     """``dx (M, K) = dh · kernelᵀ``."""
     k = res.kernel
     if res.qs is None:
-        return bind_gemm(dh, k, rhs_trans=True, implementation=_gemm_impl(cfg)).out
+        dh = dh.reshape((ops.m,) + cfg.features)
+        return bind_gemm(
+            dh, k, rhs_trans=True, implementation=_gemm_impl(cfg), k_ndim=len(cfg.features)
+        ).out
     z = GemmEpilogue.DEFAULT
     return _quantized_gemm(
         dh, "rowwise", k, "rowwise", None, z, cfg.dtype, cfg, ops.m, ops.f, ops.k
@@ -564,7 +576,10 @@ def _wgrad(cfg: _Config, res, ops: _Operands, dh):
     """``dkernel = xᵀ · dh`` in the kernel's shape (and, under a recipe, its dtype)."""
     x = res.x
     if res.qs is None:
-        dk = bind_gemm(x, dh, lhs_trans=True, implementation=_gemm_impl(cfg)).out
+        dh = dh.reshape((ops.m,) + cfg.features)
+        dk = bind_gemm(
+            x, dh, lhs_trans=True, implementation=_gemm_impl(cfg), n_ndim=len(cfg.features)
+        ).out
         return logical_constraint(dk.reshape(_k_shape(ops, cfg)), cfg.kernel_axes)
     z = GemmEpilogue.DEFAULT
     dk = _quantized_gemm(x, "colwise", dh, "colwise", None, z, cfg.dtype, cfg, ops.k, ops.m, ops.f)
@@ -594,8 +609,8 @@ def _bias_ct(dbias, cfg: _Config):
 
 
 def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
-    """``dh (M, F)`` (a ScaledTensor with ``quantizer``) and ``dbias (F,)`` or None, from one
-    fused ``quantize_dact_dbias`` where there is an activation."""
+    """``dh (M, *F)`` (with ``quantizer`` a ScaledTensor of ``(M, F)``) and ``dbias`` or None,
+    from one fused ``quantize_dact_dbias`` where there is an activation."""
     impl = cfg.implementation
     if cfg.act is None:
         dbias = None
@@ -617,5 +632,5 @@ def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
         implementation=impl,
     )
     if quantizer is None:
-        dh = dh.reshape(ops.m, ops.f)
+        dh = dh.reshape((ops.m,) + cfg.features)
     return dh, dbias

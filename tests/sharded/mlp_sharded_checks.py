@@ -238,6 +238,8 @@ ACTS = {"gelu": ("gelu",), "swiglu": ("silu", "linear")}
 CASES = [(f, r, s, "gelu") for f in FAMILIES for r in RECIPES for s in STRATEGIES]
 # NNX computes what Linen does (tests/test_flax_modules.py): its FP8 rows on the 2-D meshes only.
 CASES = [c for c in CASES if c[0] == "linen" or c[1] == "bf16" or "_" in c[2]]
+# A gated MLP: wi (H, 2, I) split on I, each shard holding both halves of its columns.
+CASES += [("linen", r, s, "swiglu") for r in ("bf16", "delayed") for s in ("tp", "fsdp_tp")]
 
 
 @pytest.mark.parametrize("family, recipe, strategy, act", CASES, ids=["-".join(c) for c in CASES])

@@ -65,6 +65,7 @@ from te_jax import _ffi, reference
 from te_jax.dispatch import environment_implementation, use_ffi
 from te_jax.primitives import base
 from te_jax.primitives.gemm_epilogue import GemmEpilogue
+from te_jax.primitives.gemm_groups import grouped, groups, rhs_kd
 from te_jax.primitives.gemm_sharding import make_partitioned_gemm
 from te_jax.quantize import formats
 
@@ -360,14 +361,16 @@ def _abstract(
     grad_bias,
     output_amax,
     split_accumulator,
+    k_ndim,
+    n_ndim,
 ):
-    batch, m, _, n = _dims(lhs.shape, rhs.shape, lhs_trans, rhs_trans)
-    out = ShapedArray(batch + (m, n), out_dtype)
+    g = groups(lhs.shape, rhs.shape, lhs_trans, rhs_trans, k_ndim, n_ndim)
+    out = ShapedArray(g.batch + (g.m,) + g.f, out_dtype)
     outs = [out]
     if epilogue == GemmEpilogue.GELU_AUX:
         outs.append(out)
     if grad_bias:
-        outs.append(ShapedArray((n,), out_dtype))
+        outs.append(ShapedArray(g.f, out_dtype))
     if output_amax:
         outs.append(ShapedArray((1,), _F32))
     return outs
@@ -380,11 +383,11 @@ KERNEL_PLATFORMS = _ffi.target_platforms(TARGET)
 
 base.register_outer_rules(
     gemm_p,
-    local=_kernel,
-    partitioned=make_partitioned_gemm(_kernel),
-    reference=reference_results,
+    local=grouped(_kernel),
+    partitioned=make_partitioned_gemm(grouped(_kernel)),
+    reference=grouped(reference_results),
     platforms=KERNEL_PLATFORMS,
-    partitioned_reference=make_partitioned_gemm(reference_results),
+    partitioned_reference=make_partitioned_gemm(grouped(reference_results)),
 )
 
 
@@ -402,6 +405,13 @@ def _batch_operands(lhs, ld, rhs, rd, size):
 
 
 def _batch(args, dims, **params):
+    if params["k_ndim"] != 1 or params["n_ndim"] != 1:
+        # Groups fold per example (a reshape vmap batches), then the one-K, one-N rule.
+        def one(*operands):
+            return grouped(_bind_flat)(*operands, **params)
+
+        outs = jax.vmap(one, in_axes=tuple(dims))(*args)
+        return list(outs), [0] * len(outs)
     lhs, rhs, bias, aux, lhs_si, rhs_si = args
     ld, rd, bd, ad, lsd, rsd = dims
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
@@ -424,6 +434,11 @@ def _batch(args, dims, **params):
     return outs, [0] * len(outs)
 
 
+def _bind_flat(*operands, **params):
+    """``gemm_p`` on one-K, one-N operands."""
+    return gemm_p.bind(*operands, k_ndim=1, n_ndim=1, **params)
+
+
 def _batch_epilogue_outside(
     args,
     dims,
@@ -436,6 +451,8 @@ def _batch_epilogue_outside(
     grad_bias,
     output_amax,
     split_accumulator,
+    k_ndim=1,
+    n_ndim=1,
 ):
     """A batched bias / scale_inv, a per-batch dbias or an aux batched alone: the GEMM writes the
     unscaled float32 accumulator (16-bit operands widened exactly: the same products and float32
@@ -463,6 +480,8 @@ def _batch_epilogue_outside(
         grad_bias=False,
         output_amax=False,
         split_accumulator=split_accumulator,
+        k_ndim=1,
+        n_ndim=1,
     )
     fn = functools.partial(
         _epilogue,
@@ -557,6 +576,35 @@ def _check_operands(lhs, rhs, lhs_trans, rhs_trans):
     return batch, m, k, n, fp8
 
 
+def _check_groups(lhs, rhs, lhs_trans, rhs_trans, k_ndim, n_ndim):
+    """The K / N groups (``gemm_groups``) of lhs and rhs, checked; one-K, one-N operands are
+    checked by ``_check_operands``."""
+    if int(k_ndim) < 1 or int(n_ndim) < 1:
+        raise ValueError(f"{_WHERE}: k_ndim and n_ndim must be >= 1, got {k_ndim}, {n_ndim}")
+    core = k_ndim + n_ndim
+    if lhs.ndim not in (1 + k_ndim, 2 + k_ndim) or rhs.ndim not in (
+        core,
+        core + lhs.ndim - 1 - k_ndim,
+    ):
+        raise ValueError(
+            f"{_WHERE}: with k_ndim={k_ndim}, n_ndim={n_ndim} lhs must be (B?, M, *K) "
+            f"(lhs_trans: (B?, *K, M)) and rhs (B?, *K, *N) (rhs_trans: (B?, *N, *K)); got lhs "
+            f"{tuple(lhs.shape)} and rhs {tuple(rhs.shape)}"
+        )
+    g = groups(lhs.shape, rhs.shape, lhs_trans, rhs_trans, k_ndim, n_ndim)
+    if rhs_kd(rhs.shape, rhs_trans, k_ndim, n_ndim) != g.kd:
+        raise ValueError(
+            f"{_WHERE}: the contracting axes differ: lhs {tuple(lhs.shape)} has K axes {g.kd}, "
+            f"rhs {tuple(rhs.shape)} has {rhs_kd(rhs.shape, rhs_trans, k_ndim, n_ndim)}"
+        )
+    if not g.shared_rhs and tuple(rhs.shape[: len(g.batch)]) != g.batch:
+        raise ValueError(
+            f"{_WHERE}: lhs and rhs must have the same batch axes, got lhs {tuple(lhs.shape)} "
+            f"and rhs {tuple(rhs.shape)}"
+        )
+    return g
+
+
 def _check_out_dtype(out_dtype, operand_dtype, fp8) -> np.dtype:
     if fp8:
         if out_dtype is None:
@@ -622,7 +670,7 @@ def _check_epilogue_input(what, a, shape, out_dtype):
     if tuple(a.shape) != tuple(shape):
         raise ValueError(
             f"{_WHERE}: {what} must have shape {tuple(shape)}"
-            + (" (N,)" if what == "bias" else " (out's shape)")
+            + (" (the output's feature axes)" if what == "bias" else " (out's shape)")
             + f", got {tuple(a.shape)}"
         )
     if np.dtype(a.dtype) != out_dtype:
@@ -666,6 +714,8 @@ def bind_gemm(
     output_amax: bool = False,
     split_accumulator: bool = True,
     implementation: str | None = None,
+    k_ndim: int = 1,
+    n_ndim: int = 1,
 ) -> GemmResult:
     """One GEMM with a fused bias and epilogue (see the module docstring for the math).
 
@@ -687,6 +737,8 @@ def bind_gemm(
         mode; ignored otherwise and by the pure-JAX path.
       implementation: ``None`` (the kernel where ``te_jax_gemm`` is registered, the CUDA backend;
         the pure-JAX path elsewhere), ``"ffi"`` (the kernel or a ``RuntimeError``) or ``"xla"``.
+      k_ndim, n_ndim: how many axes form K and N (``te_jax.primitives.gemm_groups``): lhs
+        ``(M, *Kd)``, rhs ``(*Kd, *F)`` (transposed ``(*F, *Kd)``), out ``(M, *F)``, bias ``F``.
 
     Returns:
       ``GemmResult(out, aux, dbias, amax)``: out ``(B?, M, N)`` in out_dtype; aux (h, out's shape
@@ -699,12 +751,22 @@ def bind_gemm(
     """
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     lhs_trans, rhs_trans = bool(lhs_trans), bool(rhs_trans)
-    batch, m, _, n, fp8 = _check_operands(lhs, rhs, lhs_trans, rhs_trans)
+    if k_ndim == 1 and n_ndim == 1:
+        batch, m, _, n, fp8 = _check_operands(lhs, rhs, lhs_trans, rhs_trans)
+        f = (n,)
+    else:
+        g = _check_groups(lhs, rhs, lhs_trans, rhs_trans, k_ndim, n_ndim)
+        # The dtype, rank and K / N rules on the folded (one-K, one-N) form.
+        fl = g.batch + ((g.k, g.m) if lhs_trans else (g.m, g.k))
+        fr = (() if g.shared_rhs else g.batch) + ((g.n, g.k) if rhs_trans else (g.k, g.n))
+        sds = jax.ShapeDtypeStruct
+        fp8 = _check_operands(sds(fl, lhs.dtype), sds(fr, rhs.dtype), lhs_trans, rhs_trans)[-1]
+        batch, m, f = g.batch, g.m, g.f
     out_dt = _check_out_dtype(out_dtype, lhs.dtype, fp8)
     epilogue = _check_epilogue(epilogue, bias, aux, grad_bias, output_amax, fp8, lhs.dtype)
     absent = jnp.zeros((0,), out_dt)
-    bias = absent if bias is None else _check_epilogue_input("bias", bias, (n,), out_dt)
-    aux = absent if aux is None else _check_epilogue_input("aux", aux, batch + (m, n), out_dt)
+    bias = absent if bias is None else _check_epilogue_input("bias", bias, f, out_dt)
+    aux = absent if aux is None else _check_epilogue_input("aux", aux, batch + (m,) + f, out_dt)
     lhs_si = _check_scale_inv("lhs_scale_inv", lhs_scale_inv, fp8, lhs.dtype)
     rhs_si = _check_scale_inv("rhs_scale_inv", rhs_scale_inv, fp8, lhs.dtype)
     params = dict(
@@ -715,6 +777,8 @@ def bind_gemm(
         grad_bias=bool(grad_bias),
         output_amax=bool(output_amax),
         split_accumulator=bool(split_accumulator),
+        k_ndim=int(k_ndim),
+        n_ndim=int(n_ndim),
     )
     operands = (lhs, rhs, bias, aux, lhs_si, rhs_si)
     kernel = use_ffi("gemm", implementation, lhs.dtype, target=TARGET, kernel_dtypes=_KERNEL_DTYPES)
@@ -722,7 +786,7 @@ def bind_gemm(
     # under the kernel's custom_partitioning (the same collectives on every platform); the pure
     # path asked for ("xla") and float64 skip it.
     pure = (implementation or environment_implementation()) == "xla" or lhs.dtype == _F64
-    fn = gemm_p.bind if kernel or not pure else reference_results
+    fn = gemm_p.bind if kernel or not pure else grouped(reference_results)
     outs = iter(fn(*operands, **params))
     out = next(outs)
     return GemmResult(

@@ -30,6 +30,7 @@ from jax import lax
 
 from te_jax.primitives import base
 from te_jax.primitives.gemm_epilogue import GemmEpilogue
+from te_jax.primitives.gemm_groups import groups
 
 __all__ = ["make_partitioned_gemm"]
 
@@ -41,11 +42,9 @@ _STATICS = (
     "grad_bias",
     "output_amax",
     "split_accumulator",
+    "k_ndim",
+    "n_ndim",
 )
-
-
-def _factors(nb: int, trans: bool, first: str, second: str) -> list[str]:
-    return [f"b{i}" for i in range(nb)] + ([second, first] if trans else [first, second])
 
 
 def _sharding_rule(
@@ -56,19 +55,24 @@ def _sharding_rule(
     grad_bias,
     output_amax,
     split_accumulator,
+    k_ndim,
+    n_ndim,
     mesh,
     operand_types,
     result_types,
 ):
     lhs, rhs, bias, aux, ls, rs = (t.shape for t in operand_types)
-    nb = len(lhs) - 2
-    shared = len(rhs) == 2
-    out = _factors(nb, False, "m", "n")
+    nb = len(lhs) - 1 - k_ndim
+    shared = len(rhs) == k_ndim + n_ndim
+    b = [f"b{i}" for i in range(nb)]
+    k = [f"k{i}" for i in range(k_ndim)]
+    n = [f"n{i}" for i in range(n_ndim)]
+    out = b + ["m"] + n
     operands = [
-        _factors(nb, lhs_trans, "m", "k"),
-        _factors(0 if shared else nb, rhs_trans, "k", "n"),
-        ["n"] if bias[0] else ["e0"],
-        out if epilogue == GemmEpilogue.DGELU else ["e1"],
+        b + (k + ["m"] if lhs_trans else ["m"] + k),
+        ([] if shared else b) + (n + k if rhs_trans else k + n),
+        n if _bias_present(bias, n_ndim) else ["e0"] * len(bias),
+        out if epilogue == GemmEpilogue.DGELU else ["e1"] * len(aux),
         ["s0"] * len(ls),
         ["s1"] * len(rs),
     ]
@@ -76,14 +80,18 @@ def _sharding_rule(
     if epilogue == GemmEpilogue.GELU_AUX:
         results.append(out)
     if grad_bias:
-        results.append(["n"])
+        results.append(n)
     if output_amax:
         results.append(["a0"])
-    # A scalar scale_inv has no factor: its entry is empty.
     rule = (
         ", ".join(" ".join(f) for f in operands) + " -> " + ", ".join(" ".join(f) for f in results)
     )
-    return rule, {"reduction_factors": ("k",)}
+    return rule, {"reduction_factors": tuple(k)}
+
+
+def _bias_present(shape, n_ndim: int) -> bool:
+    """A bias operand is ``F``-shaped; an absent one is ``(0,)``."""
+    return len(shape) == n_ndim and (n_ndim > 1 or shape[0] > 0)
 
 
 def _entry_axes(entry) -> tuple[str, ...]:
@@ -103,69 +111,72 @@ def _partition(
     grad_bias,
     output_amax,
     split_accumulator,
+    k_ndim,
+    n_ndim,
     local,
     mesh,
     arg_shapes,
     result_shape,
 ):
     lhs_t, rhs_t = arg_shapes[0], arg_shapes[1]
-    nb = lhs_t.ndim - 2
-    shared = rhs_t.ndim == 2
+    nb = lhs_t.ndim - 1 - k_ndim
+    shared = rhs_t.ndim == k_ndim + n_ndim
     ls = base.spec_of(lhs_t, lhs_t.ndim)
     rs = base.spec_of(rhs_t, rhs_t.ndim)
     b = ls[:nb]
-    m, k = (ls[nb + 1], ls[nb]) if lhs_trans else (ls[nb], ls[nb + 1])
-    rk, n = (rs[-1], rs[-2]) if rhs_trans else (rs[-2], rs[-1])
+    if lhs_trans:
+        k, m = ls[nb : nb + k_ndim], ls[-1]
+    else:
+        m, k = ls[nb], ls[nb + 1 :]
+    core = rs[rhs_t.ndim - k_ndim - n_ndim :]
+    n = core[:n_ndim] if rhs_trans else core[k_ndim:]
     used = set(base.mesh_axes(b + [m]))
-    n = _free(n, used)
-    used |= set(_entry_axes(n))
+    n = _free_each(n, used)
     linear = epilogue == GemmEpilogue.DEFAULT and not grad_bias
-    k = _free(k, used) if linear else None
-    del rk  # rhs follows lhs's k
-    k_axes = _entry_axes(k)
-    lhs_shape, rhs_shape = lhs_t.shape, rhs_t.shape
-    m_size, k_size = (lhs_shape[-1], lhs_shape[-2]) if lhs_trans else lhs_shape[-2:]
-    n_size = rhs_shape[-2] if rhs_trans else rhs_shape[-1]
+    k = _free_each(k, used) if linear else [None] * k_ndim
+    k_axes = base.mesh_axes(k)
+    g = groups(lhs_t.shape, rhs_t.shape, lhs_trans, rhs_trans, k_ndim, n_ndim)
     _check_divisible(
         mesh,
-        [(f"batch axis {i}", lhs_shape[i], e) for i, e in enumerate(b)]
-        + [("M (rows)", m_size, m), ("K (contraction)", k_size, k), ("N (columns)", n_size, n)],
+        [(f"batch axis {i}", g.batch[i], e) for i, e in enumerate(b)]
+        + [("M (rows)", g.m, m)]
+        + [(f"K axis {i} (contraction)", g.kd[i], e) for i, e in enumerate(k)]
+        + [(f"N axis {i} (columns)", g.f[i], e) for i, e in enumerate(n)],
     )
 
-    # A result wanted split, along m or n, over k's axes: reduce-scatter there.
+    # A result wanted split, along m or an n axis, over k's axes: reduce-scatter there.
     results = result_shape if isinstance(result_shape, (list, tuple)) else [result_shape]
-    wanted = base.spec_of(results[0], nb + 2)
-    out_spec = b + [m, n]
+    out_spec = b + [m] + n
+    wanted = base.spec_of(results[0], len(out_spec))
     scatter = None
     if k_axes:
-        for dim in (nb, nb + 1):
+        for dim in range(nb, len(out_spec)):
             w = wanted[dim]
-            size = results[0].shape[dim]
-            shards = math.prod(mesh.shape[a] for a in _entry_axes(w)) if w is not None else 1
-            if (
-                out_spec[dim] is None
-                and w is not None
-                and set(_entry_axes(w)) <= set(k_axes)
-                and size % shards == 0
-            ):
+            if w is None or out_spec[dim] is not None or not set(_entry_axes(w)) <= set(k_axes):
+                continue
+            shards = math.prod(mesh.shape[a] for a in _entry_axes(w))
+            if results[0].shape[dim] % shards == 0:
                 scatter = (dim, _entry_axes(w))
                 out_spec[dim] = w
                 break
     psum_axes = tuple(a for a in k_axes if scatter is None or a not in scatter[1])
 
-    lhs_spec = b + ([k, m] if lhs_trans else [m, k])
-    rhs_spec = ([] if shared else list(b)) + ([n, k] if rhs_trans else [k, n])
-    bias_spec = [n] if arg_shapes[2].shape[0] else [None]
-    aux_spec = out_spec if epilogue == GemmEpilogue.DGELU else [None]
-    arg_specs = [lhs_spec, rhs_spec, bias_spec, aux_spec]
-    arg_specs += [[None] * arg_shapes[i].ndim for i in (4, 5)]
+    bias_present = _bias_present(arg_shapes[2].shape, n_ndim)
+    arg_specs = [
+        b + (k + [m] if lhs_trans else [m] + k),
+        ([] if shared else list(b)) + (n + k if rhs_trans else k + n),
+        n if bias_present else [None] * arg_shapes[2].ndim,
+        out_spec if epilogue == GemmEpilogue.DGELU else [None] * arg_shapes[3].ndim,
+        [None] * arg_shapes[4].ndim,
+        [None] * arg_shapes[5].ndim,
+    ]
     arg_shardings = tuple(base.named(mesh, s) for s in arg_specs)
 
     out_shardings = [base.named(mesh, out_spec)]
     if epilogue == GemmEpilogue.GELU_AUX:
         out_shardings.append(base.named(mesh, out_spec))
     if grad_bias:
-        out_shardings.append(base.named(mesh, [n]))
+        out_shardings.append(base.named(mesh, n))
     if output_amax:
         out_shardings.append(base.named(mesh, [None]))
     row_axes = base.mesh_axes(b + [m])
@@ -178,12 +189,13 @@ def _partition(
         grad_bias=grad_bias,
         output_amax=False,
         split_accumulator=split_accumulator,
+        k_ndim=k_ndim,
+        n_ndim=n_ndim,
     )
 
     def lower(lhs, rhs, bias, aux, lhs_si, rhs_si):
-        if k_axes and bias.shape[0]:
-            first = _first_shard(k_axes)
-            bias = jnp.where(first, bias, jnp.zeros_like(bias))
+        if k_axes and bias_present:
+            bias = jnp.where(_first_shard(k_axes), bias, jnp.zeros_like(bias))
         outs = list(local(lhs, rhs, bias, aux, lhs_si, rhs_si, **params))
         if scatter is not None:
             outs[0] = lax.psum_scatter(
@@ -200,6 +212,16 @@ def _partition(
         return outs
 
     return mesh, lower, out_shardings, arg_shardings
+
+
+def _free_each(entries, used: set[str]) -> list:
+    """Each entry kept where its mesh axes are not yet used (and then marked used)."""
+    out = []
+    for e in entries:
+        e = _free(e, used)
+        used |= set(_entry_axes(e))
+        out.append(e)
+    return out
 
 
 def _check_divisible(mesh, dims) -> None:

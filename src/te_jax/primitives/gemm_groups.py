@@ -1,0 +1,89 @@
+"""The GEMM's operands with several contraction or feature axes.
+
+``bind_gemm(..., k_ndim, n_ndim)`` takes the contraction ``K`` and the output's columns ``N``
+as groups of axes, e.g. a gated kernel ``(H, 2, I)`` as ``K = (H,)``, ``N = (2, I)``:
+
+    lhs   (batch..., M, *Kd)   or, lhs_trans,  (batch..., *Kd, M)
+    rhs   ([batch...], *Kd, *F) or, rhs_trans, ([batch...], *F, *Kd)
+    out   (batch..., M, *F);  bias, dbias  F;  aux  out's shape
+
+The local computation folds each group into one axis (a free reshape of a contiguous array)
+and runs the one-K, one-N GEMM; the shapes the partitioner sees keep the groups, so a mesh axis
+can split ``I`` in ``(2, I)`` (each shard holding both halves of its columns) where a folded
+``2·I`` axis could only be split into halves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+from te_jax.primitives.gemm_epilogue import GemmEpilogue
+
+__all__ = ["Groups", "groups", "grouped"]
+
+
+class Groups(NamedTuple):
+    batch: tuple[int, ...]
+    m: int
+    kd: tuple[int, ...]  # the contraction axes
+    f: tuple[int, ...]  # the output's feature axes
+    shared_rhs: bool  # rhs without lhs's batch axes
+
+    @property
+    def k(self) -> int:
+        return math.prod(self.kd)
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.f)
+
+
+def groups(lhs_shape, rhs_shape, lhs_trans: bool, rhs_trans: bool, k_ndim: int, n_ndim: int):
+    """The groups of ``lhs_shape`` / ``rhs_shape`` (no checking: see ``gemm._check_groups``)."""
+    lhs_shape, rhs_shape = tuple(lhs_shape), tuple(rhs_shape)
+    nb = len(lhs_shape) - 1 - k_ndim
+    batch = lhs_shape[:nb]
+    if lhs_trans:
+        kd, m = lhs_shape[nb : nb + k_ndim], lhs_shape[-1]
+    else:
+        m, kd = lhs_shape[nb], lhs_shape[nb + 1 :]
+    core = rhs_shape[len(rhs_shape) - k_ndim - n_ndim :]
+    f = core[:n_ndim] if rhs_trans else core[k_ndim:]
+    return Groups(batch, m, kd, f, len(rhs_shape) == k_ndim + n_ndim)
+
+
+def rhs_kd(rhs_shape, rhs_trans: bool, k_ndim: int, n_ndim: int) -> tuple[int, ...]:
+    """rhs's contraction axes."""
+    core = tuple(rhs_shape)[len(rhs_shape) - k_ndim - n_ndim :]
+    return core[n_ndim:] if rhs_trans else core[:k_ndim]
+
+
+def grouped(fn: Callable) -> Callable:
+    """``fn`` (the one-K, one-N GEMM: operands and params as the primitive's) on grouped
+    operands: folds the groups, runs ``fn``, and gives its results their groups back."""
+
+    def run(lhs, rhs, bias, aux, lhs_si, rhs_si, *, k_ndim=1, n_ndim=1, **params):
+        if k_ndim == 1 and n_ndim == 1:
+            return fn(lhs, rhs, bias, aux, lhs_si, rhs_si, **params)
+        lt, rt = params["lhs_trans"], params["rhs_trans"]
+        g = groups(lhs.shape, rhs.shape, lt, rt, k_ndim, n_ndim)
+        lhs = lhs.reshape(g.batch + ((g.k, g.m) if lt else (g.m, g.k)))
+        rb = () if g.shared_rhs else g.batch
+        rhs = rhs.reshape(rb + ((g.n, g.k) if rt else (g.k, g.n)))
+        if bias.ndim == n_ndim and n_ndim > 1:  # present (absent is (0,))
+            bias = bias.reshape(g.n)
+        if aux.ndim == len(g.batch) + 1 + n_ndim and aux.ndim > 1:
+            aux = aux.reshape(g.batch + (g.m, g.n))
+        outs = iter(fn(lhs, rhs, bias, aux, lhs_si, rhs_si, **params))
+        out_shape = g.batch + (g.m,) + g.f
+        # The results in order: out, aux (GELU_AUX), dbias (grad_bias), amax (output_amax).
+        results = [next(outs).reshape(out_shape)]
+        if params["epilogue"] == GemmEpilogue.GELU_AUX:
+            results.append(next(outs).reshape(out_shape))
+        if params["grad_bias"]:
+            results.append(next(outs).reshape(g.f))
+        return results + list(outs)
+
+    return run
