@@ -410,10 +410,13 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
         res = _Residuals(x2, k2, act_in, None, None, None) if residuals else None
         return _unflatten_y(y, ops, cfg), res
 
-    k2 = kernel.reshape(ops.k, ops.f)
-    b1 = None if bias is None else bias.reshape(ops.f)
+    kf = _fp8_features(cfg, ops)
+    k2 = kernel.reshape((ops.k,) + kf)
+    b1 = None if bias is None else bias.reshape(kf)
     qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, ops, cfg, residuals)
-    r = _quantized_gemm(qx, "rowwise", qk, "colwise", b1, ep, cfg.dtype, cfg, ops.m, ops.k, ops.f)
+    r = _quantized_gemm(
+        qx, "rowwise", qk, "colwise", b1, ep, cfg, (ops.m, ops.k), kf + (ops.k,), 1, len(kf)
+    )
     y, act_in = _activate(r.out, cfg, ep, r.aux)
     if not residuals:
         return _unflatten_y(y, ops, cfg), None
@@ -452,8 +455,22 @@ def _quantize_operands(x, k2, qs: QuantizerSet, ops: _Operands, cfg: _Config, re
             implementation=impl,
         )
         new_x = _updated(qs.x, qx)
-    qk = quantize(k2, qs.with_layout("kernel", _BOTH if residuals else _COL), implementation=impl)
+    qk = quantize(
+        k2,
+        qs.with_layout("kernel", _BOTH if residuals else _COL),
+        implementation=impl,
+        n_feature_axes=k2.ndim - 1,
+    )
     return qx, qk, new_x, _updated(qs.kernel, qk)
+
+
+def _fp8_features(cfg: _Config, ops: _Operands) -> tuple[int, ...]:
+    """The kernel's output axes as the quantized GEMMs take them: apart (a gated ``(2, N)``: a
+    mesh axis can split N with both halves on each shard), except under a non-gated activation,
+    whose quantized gradient (elementwise dact) folds them into one."""
+    if cfg.act is None or cfg.act.is_gated:
+        return cfg.features
+    return (ops.f,)
 
 
 def _updated(q, st: ScaledTensor):
@@ -461,27 +478,24 @@ def _updated(q, st: ScaledTensor):
     return q.update(st.amax) if hasattr(q, "update") else q
 
 
-def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n):
-    """``out (m, n) = deq(a) (m, k) · deq(b)ᵀ``-style product of two quantized tensors, where
-    ``a``'s ``a_copy`` holds the lhs as ``(m, k)`` and ``b``'s ``b_copy`` holds the rhs as
-    ``(n, k)`` (the FP8 "TN" form): tensor scaling on the FP8 GEMM, MXFP8 on the dequantized
-    operands (module docstring)."""
+def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, cfg, lhs_shape, rhs_shape, k_ndim, n_ndim):
+    """``out = deq(a) · deq(b)ᵀ``, the product of two quantized tensors in the FP8 "TN" form:
+    ``a``'s ``a_copy`` holds the lhs as ``lhs_shape = (M, *K)`` and ``b``'s ``b_copy`` the rhs
+    as ``rhs_shape = (*N, *K)`` (``k_ndim`` / ``n_ndim`` axes each). Tensor scaling runs the FP8
+    GEMM; MXFP8 the dequantized operands (module docstring). ``out (M, *N)`` in x's dtype."""
+    out_dtype = cfg.dtype
+    groups = dict(k_ndim=k_ndim, n_ndim=n_ndim, implementation=_gemm_impl(cfg))
     if a.scaling_mode.is_tensor_scaling:
-        lhs, ls = _tn_operand(a, a_copy, m, k)
-        rhs, rs = _tn_operand(b, b_copy, n, k)
+        lhs, ls = _tn_operand(a, a_copy, lhs_shape)
+        rhs, rs = _tn_operand(b, b_copy, rhs_shape)
+        k, n = math.prod(lhs_shape[1:]), math.prod(rhs_shape[:n_ndim])
         if k % FP8_ALIGNMENT or n % FP8_ALIGNMENT:
             # An FP8 GEMM (cuBLASLt's, and the primitive's contract) cannot take this shape:
             # the same product in float32.
             lhs = formats.to_float32(lhs) * ls[0]
             rhs = formats.to_float32(rhs) * rs[0]
-            r = bind_gemm(
-                lhs,
-                rhs,
-                None if bias is None else bias.astype(jnp.float32),
-                rhs_trans=True,
-                epilogue=ep,
-                implementation=_gemm_impl(cfg),
-            )
+            b32 = None if bias is None else bias.astype(jnp.float32)
+            r = bind_gemm(lhs, rhs, b32, rhs_trans=True, epilogue=ep, **groups)
             return r._replace(
                 out=r.out.astype(out_dtype), aux=None if r.aux is None else r.aux.astype(out_dtype)
             )
@@ -494,38 +508,24 @@ def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, out_dtype, cfg, m, k, n):
             rhs_trans=True,
             epilogue=ep,
             out_dtype=out_dtype,
-            implementation=_gemm_impl(cfg),
+            **groups,
         )
-    # MXFP8: dequantize each copy (exact in the input dtype) and multiply in it.
-    lhs, lhs_t = _mx_operand(a, a_copy, m, k, out_dtype)
-    rhs, rhs_t = _mx_operand(b, b_copy, n, k, out_dtype)
-    return bind_gemm(
-        lhs,
-        rhs,
-        bias,
-        lhs_trans=lhs_t,
-        rhs_trans=not rhs_t,
-        epilogue=ep,
-        implementation=_gemm_impl(cfg),
-    )
+    # MXFP8: dequantize each copy (exact in the input dtype) and multiply in it. A colwise copy
+    # is in the tensor's logical layout, the transpose of its TN form: the GEMM reads it so.
+    lhs_t, rhs_t = a_copy == "colwise", b_copy == "rowwise"
+    lhs_logical = tuple(lhs_shape[1:]) + (lhs_shape[0],) if lhs_t else tuple(lhs_shape)
+    rhs_logical = tuple(rhs_shape) if rhs_t else tuple(rhs_shape[n_ndim:] + rhs_shape[:n_ndim])
+    lhs = a.dequantize(a_copy, out_dtype).reshape(lhs_logical)
+    rhs = b.dequantize(b_copy, out_dtype).reshape(rhs_logical)
+    return bind_gemm(lhs, rhs, bias, lhs_trans=lhs_t, rhs_trans=rhs_t, epilogue=ep, **groups)
 
 
-def _tn_operand(st: ScaledTensor, copy: str, rows: int, k: int):
-    """A tensor-scaled operand stored ``(rows, k)``: the rowwise copy of a ``(rows, k)`` tensor
-    or the colwise (transposed) copy of a ``(k, rows)`` one."""
+def _tn_operand(st: ScaledTensor, copy: str, shape):
+    """A tensor-scaled operand's data in its TN ``shape`` (the rowwise copy of a tensor of that
+    shape, or the colwise, transposed, copy of its transpose) and its ``scale_inv`` ``(1,)``."""
     data = st.data if copy == "rowwise" else st.colwise_data
     sinv = st.scale_inv if copy == "rowwise" else st.colwise_scale_inv
-    return data.reshape(rows, k), jnp.asarray(sinv, jnp.float32).reshape(1)
-
-
-def _mx_operand(st: ScaledTensor, copy: str, rows: int, k: int, dtype):
-    """An MXFP8 operand in ``dtype``: the rowwise copy of a ``(rows, k)`` tensor, or the colwise
-    copy (blocks along k) of a ``(k, rows)`` one, in its logical layout; and whether that layout
-    is ``(k, rows)`` (the GEMM then reads it transposed, no transpose pass)."""
-    v = st.dequantize(copy, dtype)
-    if copy == "rowwise":
-        return v.reshape(rows, k), False
-    return v.reshape(k, rows), True
+    return data.reshape(shape), jnp.asarray(sinv, jnp.float32).reshape(1)
 
 
 def _backward(cfg: _Config, res, dy):
@@ -566,9 +566,10 @@ def _dgrad(cfg: _Config, res, ops: _Operands, dh):
         return bind_gemm(
             dh, k, rhs_trans=True, implementation=_gemm_impl(cfg), k_ndim=len(cfg.features)
         ).out
+    kf = _fp8_features(cfg, ops)
     z = GemmEpilogue.DEFAULT
     return _quantized_gemm(
-        dh, "rowwise", k, "rowwise", None, z, cfg.dtype, cfg, ops.m, ops.f, ops.k
+        dh, "rowwise", k, "rowwise", None, z, cfg, (ops.m,) + kf, (ops.k,) + kf, len(kf), 1
     ).out
 
 
@@ -581,8 +582,11 @@ def _wgrad(cfg: _Config, res, ops: _Operands, dh):
             x, dh, lhs_trans=True, implementation=_gemm_impl(cfg), n_ndim=len(cfg.features)
         ).out
         return logical_constraint(dk.reshape(_k_shape(ops, cfg)), cfg.kernel_axes)
+    kf = _fp8_features(cfg, ops)
     z = GemmEpilogue.DEFAULT
-    dk = _quantized_gemm(x, "colwise", dh, "colwise", None, z, cfg.dtype, cfg, ops.k, ops.m, ops.f)
+    dk = _quantized_gemm(
+        x, "colwise", dh, "colwise", None, z, cfg, (ops.k, ops.m), kf + (ops.m,), 1, len(kf)
+    )
     dk = logical_constraint(dk.out.reshape(_k_shape(ops, cfg)), cfg.kernel_axes)
     return dk.astype(cfg.kernel_dtype)
 
@@ -618,7 +622,8 @@ def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
             dbias = jnp.sum(dy2.astype(jnp.float32), axis=0).astype(cfg.dtype)
         if quantizer is None:
             return dy2, dbias
-        return quantize(dy2, quantizer, implementation=impl), dbias
+        dy_f = dy2.reshape((ops.m,) + cfg.features)
+        return quantize(dy_f, quantizer, implementation=impl, n_feature_axes=dy_f.ndim - 1), dbias
     # act_in is h, or for the ReLU epilogue y, whose sign is h's: relu'(y) == relu'(h). A
     # non-gated activation is elementwise: h as (M, F) whatever the kernel's output axes.
     x_act = act_in.reshape((ops.m,) + (cfg.features if cfg.act.is_gated else (ops.f,)))

@@ -179,7 +179,7 @@ def _forward(x, k1, b1, k2, b2, q1, q2, cfg: _Config, residuals: bool):
     out = out.reshape(lead + c2.out_features)
     if not residuals:
         return out, None
-    res1 = res1._replace(act_in=h.reshape(ops.m, ops.f))
+    res1 = res1._replace(act_in=h)
     # The second GEMM's x quantizer advances by the activation's amax (dense keeps the state
     # of an x quantized elsewhere as it is); its cotangent is computed here, not by dense.
     new2 = dataclasses.replace(res2.new_qs, x=_dense._updated(q2.x, y))

@@ -20,6 +20,7 @@ imports ``te_jax.quantize``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -70,13 +71,16 @@ def quantized_output(
     params: ActivationParams | None = None,
     is_dbias: bool = False,
     implementation: str | None = None,
+    feature_axes: int = 1,
 ):
     """The output of ``kind`` on ``operands`` quantized with ``quantizer``: a ``ScaledTensor``
-    (and dbias or ``None`` for ``OpKind.DACT``)."""
+    (and dbias or ``None`` for ``OpKind.DACT``). ``feature_axes``: the standalone quantize's
+    trailing axes folded into N."""
     _check_quantizer(op, quantizer)
     x = operands[-1]
     dtype = jnp.result_type(x)
-    nf = kind.n_feature_axes(act)
+    cfg = dataclasses.replace(QuantConfig.of(quantizer), feature_axes=int(feature_axes))
+    nf = kind.n_feature_axes(act, cfg)
     y_shape = kind.output_shape(act, jnp.shape(x))
     qref.check_quantize_input(y_shape, dtype, quantizer, nf, f"te_jax.{op}")
     operands = _not_differentiable(op, tuple(operands))
@@ -91,7 +95,6 @@ def quantized_output(
         st = qref.quantize(y, quantizer, n_feature_axes=nf)
         return (st, dbias) if kind is OpKind.DACT else st
 
-    cfg = QuantConfig.of(quantizer)
     spec = cfg.spec
     spec.check_kernel_shape(op, y_shape)
     scale = quantizer.scale if spec.uses_quantizer_scale else jnp.ones((), jnp.float32)
@@ -109,9 +112,13 @@ def quantized_output(
     return (st, dbias) if kind is OpKind.DACT else st
 
 
-def quantize(x: jax.Array, quantizer, implementation: str | None = None) -> ScaledTensor:
+def quantize(
+    x: jax.Array, quantizer, implementation: str | None = None, n_feature_axes: int = 1
+) -> ScaledTensor:
     """Quantizes ``x (..., N)`` with ``quantizer`` (every mode and layout of docs/numerics.md
-    §4-§5).
+    §4-§5). ``n_feature_axes`` trailing axes form N (the colwise copy of tensor scaling is
+    ``features + leading``): e.g. 2 for a gated kernel ``(K, 2, N)``, whose colwise copy is
+    then ``(2, N, K)``.
 
     One pass for DELAYED and MXFP8; CURRENT and NVFP4 take two passes over x (the global amax,
     then the scaled cast) with nothing else in memory. Returns a ``ScaledTensor``; its
@@ -120,6 +127,16 @@ def quantize(x: jax.Array, quantizer, implementation: str | None = None) -> Scal
     check_input_dtype("te_jax.quantize", jnp.result_type(x))
     if jnp.ndim(x) < 1:
         raise ValueError("te_jax.quantize: x must have at least one axis (..., N), got a scalar")
+    if not 1 <= int(n_feature_axes) < jnp.ndim(x) + (0 if jnp.ndim(x) > 1 else 1):
+        raise ValueError(
+            f"te_jax.quantize: n_feature_axes must be between 1 and x's rank - 1 "
+            f"({jnp.ndim(x) - 1}), got {n_feature_axes}"
+        )
     return quantized_output(
-        "quantize", OpKind.QUANTIZE, (x,), quantizer, implementation=implementation
+        "quantize",
+        OpKind.QUANTIZE,
+        (x,),
+        quantizer,
+        implementation=implementation,
+        feature_axes=n_feature_axes,
     )

@@ -41,9 +41,12 @@ class OpKind(enum.Enum):
         """The shape of ``y`` for ``x`` of shape ``x_shape``."""
         return tuple(self.output_axes(act, x_shape))
 
-    def n_feature_axes(self, act: ActivationType | None) -> int:
-        """The trailing axes of ``y`` folded into N (docs/numerics.md §5)."""
-        return act.act_len if self is OpKind.DACT else 1
+    def n_feature_axes(self, act: ActivationType | None, cfg: QuantConfig | None = None) -> int:
+        """The trailing axes of ``y`` folded into N (docs/numerics.md §5): a dact's
+        ``act.act_len``, an activation's 1, the standalone quantize's ``cfg.feature_axes``."""
+        if self is OpKind.DACT:
+            return act.act_len
+        return cfg.feature_axes if self is OpKind.QUANTIZE and cfg is not None else 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,7 @@ class QuantConfig:
     mode: ScalingMode
     layout: QuantizeLayout
     q_dtype: np.dtype
+    feature_axes: int = 1  # the standalone quantize's trailing axes folded into N
 
     @classmethod
     def of(cls, quantizer) -> QuantConfig:

@@ -27,7 +27,7 @@ def kernel(
     ``dbias_f32`` dbias is the float32 sum of the local rows (for a cross-shard sum in float32).
     """
     x = operands[-1]
-    g = geometry(kind, act, x.shape, batch_dims)
+    g = geometry(kind, act, x.shape, batch_dims, cfg)
     avals = result_avals(kind, cfg, is_dbias, g, x.dtype)
     spec = cfg.spec
     if spec.two_pass:

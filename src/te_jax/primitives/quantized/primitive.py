@@ -22,7 +22,7 @@ quantized_p = base.make_primitive("te_jax_quantized")
 @quantized_p.def_abstract_eval
 def _abstract(*args, kind, act, params, cfg, is_dbias, batch_dims):
     x = args[-2]
-    g = geometry(kind, act, x.shape, batch_dims)
+    g = geometry(kind, act, x.shape, batch_dims, cfg)
     return list(result_avals(kind, cfg, is_dbias, g, x.dtype).values())
 
 

@@ -18,9 +18,11 @@ from te_jax.quantize.geometry import Geometry
 __all__ = ["geometry", "result_names", "result_avals"]
 
 
-def geometry(kind: OpKind, act: ActivationType | None, x_shape, batch_dims: int) -> Geometry:
+def geometry(
+    kind: OpKind, act: ActivationType | None, x_shape, batch_dims: int, cfg: QuantConfig
+) -> Geometry:
     """The geometry of ``y`` for ``x`` of shape ``x_shape``."""
-    return Geometry.of(kind.output_shape(act, x_shape), kind.n_feature_axes(act), batch_dims)
+    return Geometry.of(kind.output_shape(act, x_shape), kind.n_feature_axes(act, cfg), batch_dims)
 
 
 def result_names(kind: OpKind, cfg: QuantConfig, is_dbias: bool) -> tuple[str, ...]:

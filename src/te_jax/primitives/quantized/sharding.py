@@ -21,25 +21,26 @@ from te_jax.primitives.quantized.shapes import result_names
 __all__ = ["partitioned"]
 
 
-def _x_feature_ndim(act) -> int:
-    return act.act_len if act is not None else 1
+def _x_feature_ndim(kind, act, cfg) -> int:
+    """x's trailing feature axes (a gated x's ``(2, H)``; the quantize's ``feature_axes``)."""
+    return act.act_len if act is not None else kind.n_feature_axes(None, cfg)
 
 
-def _y_parts(kind: OpKind, act, batch_dims: int, x_axes: list) -> tuple[list, list, list]:
+def _y_parts(kind: OpKind, act, cfg, batch_dims: int, x_axes: list) -> tuple[list, list, list]:
     """``(batch, lead, feat)`` entries of ``y`` from those of ``x``."""
     y = kind.output_axes(act, x_axes)
-    nf = kind.n_feature_axes(act)
+    nf = kind.n_feature_axes(act, cfg)
     return y[:batch_dims], y[batch_dims : len(y) - nf], y[len(y) - nf :]
 
 
 def _sharding_rule(kind, act, params, cfg, is_dbias, batch_dims, mesh, operand_types, result_types):
     shape = operand_types[-2].shape  # x
     rank = len(shape)
-    n_feat_x = _x_feature_ndim(act)
+    n_feat_x = _x_feature_ndim(kind, act, cfg)
     rows = base.row_factor_names(rank - n_feat_x)
     gated = act is not None and act.is_gated
-    k = ["k"] if gated else []
-    bat, lead, feat = _y_parts(kind, act, batch_dims, rows + k + ["h"])
+    k = ["k"] if n_feat_x == 2 else []  # a gated x's (2, H), or a quantized (K, 2, N) kernel's
+    bat, lead, feat = _y_parts(kind, act, cfg, batch_dims, rows + k + ["h"])
     factors, lead, h, kwargs = cfg.spec.shardy_factors(
         cfg.layout, bat, lead, feat, shape[-1], shape[rank - n_feat_x - 1] if lead else None
     )
@@ -59,7 +60,7 @@ def _sharding_rule(kind, act, params, cfg, is_dbias, batch_dims, mesh, operand_t
 def _partition(kind, act, params, cfg, is_dbias, batch_dims, mesh, arg_shapes, result_shape):
     x_shape = arg_shapes[-2].shape
     rank = len(x_shape)
-    lead_axis = rank - _x_feature_ndim(act) - 1
+    lead_axis = rank - _x_feature_ndim(kind, act, cfg) - 1
 
     def shards(entry):
         axes = base.mesh_axes([entry])
@@ -76,7 +77,7 @@ def _partition(kind, act, params, cfg, is_dbias, batch_dims, mesh, arg_shapes, r
     )
     if act is not None and act.is_gated:
         x_spec[-2] = None  # a and b of one column stay together
-    bspec, lspec, fspec = _y_parts(kind, act, batch_dims, x_spec)
+    bspec, lspec, fspec = _y_parts(kind, act, cfg, batch_dims, x_spec)
     specs = cfg.spec.result_specs(cfg.layout, bspec, lspec, fspec)
     specs["dbias"] = bspec + fspec
     names = result_names(kind, cfg, is_dbias)
