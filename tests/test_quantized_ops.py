@@ -168,6 +168,31 @@ def test_standalone_quantize_equals_reference(mode, q_dtype, shape, rng):
         )
 
 
+@pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
+def test_quantize_with_two_feature_axes(mode, q_dtype, rng):
+    """A gated kernel (K, 2, N) quantized with n_feature_axes=2 is the (K, 2N) tensor's
+    quantization, its axes kept: the colwise copy of tensor scaling (2, N, K), the block modes'
+    copies and scales of x's shape; the kernel path equals the pure-JAX one."""
+    x = jnp.asarray(rng.standard_normal((64, 2, 32)) * 10, jnp.bfloat16)
+    q = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
+    for impl in ("ffi", "xla"):
+        got = te_jax.quantize(x, q, implementation=impl, n_feature_axes=2)
+        flat = te_jax.quantize(x.reshape(64, 64), q, implementation=impl)
+        assert got.data.shape == x.shape and got.n_feature_axes == 2
+        np.testing.assert_array_equal(_bits(got.data.reshape(64, 64)), _bits(flat.data))
+        if mode in ("delayed", "current"):
+            assert got.colwise_data.shape == (2, 32, 64)
+            np.testing.assert_array_equal(
+                _bits(got.colwise_data.reshape(64, 64)), _bits(flat.colwise_data)
+            )
+        np.testing.assert_array_equal(
+            np.asarray(got.dequantize(), np.float32).reshape(64, 64),
+            np.asarray(flat.dequantize(), np.float32),
+        )
+    with pytest.raises(ValueError, match="n_feature_axes"):
+        te_jax.quantize(x, q, n_feature_axes=3)
+
+
 def _special_input(kind, dtype):
     """A [64, 64] input whose 16-row x 16-column blocks include the special cases of the block
     scales: all-zero blocks, blocks so small beside the tensor's amax that their NVFP4 scale

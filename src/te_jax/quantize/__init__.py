@@ -57,11 +57,13 @@ __all__ = [
 class _QuantizeModule(types.ModuleType):
     """The ``te_jax.quantize`` package, callable as ``te_jax.quantize(x, quantizer)``."""
 
-    def __call__(self, x, quantizer, *, implementation: str | None = None) -> ScaledTensor:
+    def __call__(
+        self, x, quantizer, *, implementation: str | None = None, n_feature_axes: int = 1
+    ) -> ScaledTensor:
         """Quantizes ``x`` (see ``te_jax.quantized.quantize``); returns a ``ScaledTensor``."""
         from te_jax.quantized import quantize as _quantize  # noqa: PLC0415 -- cycle
 
-        return _quantize(x, quantizer, implementation=implementation)
+        return _quantize(x, quantizer, implementation=implementation, n_feature_axes=n_feature_axes)
 
 
 sys.modules[__name__].__class__ = _QuantizeModule
