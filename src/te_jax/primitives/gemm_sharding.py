@@ -151,13 +151,15 @@ def _partition(
     scatter = None
     if k_axes:
         for dim in range(nb, len(out_spec)):
-            w = wanted[dim]
-            if w is None or out_spec[dim] is not None or not set(_entry_axes(w)) <= set(k_axes):
+            # The wanted split: this dim's own axes (if any), then axes k is split over.
+            have, want = _entry_axes(out_spec[dim]), _entry_axes(wanted[dim])
+            extra = want[len(have) :]
+            if not extra or want[: len(have)] != have or not set(extra) <= set(k_axes):
                 continue
-            shards = math.prod(mesh.shape[a] for a in _entry_axes(w))
+            shards = math.prod(mesh.shape[a] for a in want)
             if results[0].shape[dim] % shards == 0:
-                scatter = (dim, _entry_axes(w))
-                out_spec[dim] = w
+                scatter = (dim, extra)
+                out_spec[dim] = wanted[dim]
                 break
     psum_axes = tuple(a for a in k_axes if scatter is None or a not in scatter[1])
 
