@@ -158,8 +158,9 @@ def test_against_float64(dtype, bias, rng):
 # ---- the fusions are taken ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("out_axes", [(H,), (2, H // 2)], ids=["out1", "out2"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_dgelu_epilogue_path(bias, rng, monkeypatch):
+def test_dgelu_epilogue_path(bias, out_axes, rng, monkeypatch):
     """The bf16 GELU backward with te_jax's GEMM: kernel_2's dgrad GEMM takes the DGELU
     epilogue (with dbias_1 where there is a bias) and no dact pass runs. The kernel path is
     emulated on the CPU by the GEMM primitive's pure-JAX epilogues (dense_oracle.KERNEL_GEMM's
@@ -187,8 +188,9 @@ def test_dgelu_epilogue_path(bias, rng, monkeypatch):
 
     act = ACT_BY_ALIAS["gelu"]
     x, k1, b1, k2, b2, dy = _operands(rng, act, bias=bias)
-    k2 = k2.astype(k1.dtype)
-    b2 = None if b2 is None else b2.astype(k1.dtype)
+    k2 = k2.astype(k1.dtype).reshape((INTER,) + out_axes)
+    b2 = None if b2 is None else b2.astype(k1.dtype).reshape(out_axes)
+    dy = dy.reshape(dy.shape[:-1] + out_axes)
     got = jax.jit(lambda *a: _value_and_grads.__wrapped__(_fused, *a, names(act)))(
         x, k1, b1, k2, b2, _sets(None), dy
     )
@@ -315,3 +317,18 @@ def test_errors(change, match, rng):
     args.update(change)
     with pytest.raises((ValueError, TypeError), match=match):
         fused_mlp(**args)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "delayed"])
+def test_second_kernel_with_several_output_axes(recipe, rng):
+    """kernel_2 (I, A, B): out (..., A, B), the same as two dense calls."""
+    act = ACT_BY_ALIAS["gelu"]
+    x, k1, b1, _, _, _ = _operands(rng, act)
+    k2 = jnp.asarray(rng.uniform(-1, 1, (INTER, 2, 16)) / np.sqrt(INTER), jnp.float32)
+    b2 = jnp.asarray(rng.uniform(-0.5, 0.5, (2, 16)), jnp.float32)
+    dy = jnp.asarray(rng.uniform(-1, 1, x.shape[:-1] + (2, 16)), x.dtype)
+    qs = _sets(RECIPES[recipe])
+    got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
+    want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
+    assert got[0].shape == x.shape[:-1] + (2, 16)
+    _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, "several output axes")

@@ -197,13 +197,14 @@ def _mlp_bwd(cfg: _Config, res, dy):
         _, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=None)
         dk2 = _dense._wgrad(c2, res2, ops2, dy2)
         r = bind_gemm(
-            dy2,
+            dy2.reshape((ops2.m,) + c2.features),
             res2.kernel,
             aux=res1.act_in,
             rhs_trans=True,
             epilogue=GemmEpilogue.DGELU,
             grad_bias=c1.has_bias,
             implementation=_dense._gemm_impl(c1),
+            k_ndim=len(c2.features),
         )
         db2, n2 = _dense._bias_ct(db2, c2), None
         dh1, db1 = r.out, r.dbias
