@@ -8,7 +8,7 @@ With a quantizer from ``te_jax.quantize`` the outputs are FP8 / MXFP8 / NVFP4 ``
 quantized in the same kernels; ``te_jax.quantize(x, quantizer)`` quantizes on its own.
 """
 
-from te_jax import quantize, recipe, reference
+from te_jax import quantize, recipe, reference, sharding
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
@@ -35,4 +35,5 @@ __all__ = [
     "kernels_enabled",
     "reference",
     "quantize",
+    "sharding",
 ]
