@@ -1,4 +1,5 @@
-"""Runs the sharded checks (tests/sharded/*_checks.py) on a CPU mesh of 8 devices, in
+"""te_jax.sharding (MeshResource, the logical axis rules), and the sharded checks
+(tests/sharded/*_checks.py) run on a CPU mesh of 8 devices, in
 their own process: the device count must be set before jax starts, and this process's jax has
 started already."""
 
@@ -58,3 +59,59 @@ def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks):
         log,
     )
     assert counts["skipped"] == 0, (counts, log)
+
+
+# ---- te_jax.sharding: the mesh axes' roles ---------------------------------------------------
+
+
+def test_mesh_resource_rules():
+    from te_jax.sharding import MeshResource
+
+    rules = dict(MeshResource(fsdp_resource="data", tp_resource="tensor").logical_axis_rules())
+    assert rules == {"batch": "data", "length": None, "embed": "data", "mlp": "tensor", "act": None}
+    both = dict(MeshResource(dp_resource="replica", fsdp_resource="data").logical_axis_rules())
+    assert both["batch"] == ("replica", "data") and both["embed"] == "data"
+    assert dict(MeshResource().logical_axis_rules())["batch"] is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dp_resource": "data", "fsdp_resource": "data"}, "same mesh axis"),
+        ({"dp_resource": "data", "tp_resource": "data"}, "axis of its own"),
+        ({"tp_resource": 3}, "mesh axis name"),
+    ],
+)
+def test_mesh_resource_errors(kwargs, match):
+    from te_jax.sharding import MeshResource
+
+    with pytest.raises((TypeError, ValueError), match=match):
+        MeshResource(**kwargs)
+
+
+def test_check_mesh_and_parse_mesh():
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from te_jax.sharding import MeshResource, parse_mesh
+
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+    MeshResource(dp_resource="data", tp_resource="tensor").check_mesh(mesh)
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        MeshResource(tp_resource="model").check_mesh(mesh)
+    assert parse_mesh("data=2, tensor=4") == {"data": 2, "tensor": 4}
+    for bad in ("data", "data=0", "data=2,data=2", "", "=3"):
+        with pytest.raises(ValueError, match="--mesh"):
+            parse_mesh(bad)
+
+
+def test_kernel_axes_are_checked():
+    import jax.numpy as jnp
+
+    import te_jax
+
+    x, w = jnp.ones((4, 8), jnp.float32), jnp.ones((8, 16), jnp.float32)
+    with pytest.raises(ValueError, match="kernel_axes must name each of the 2 axes"):
+        te_jax.dense(x, w, kernel_axes=("embed",))
+    assert te_jax.dense(x, w, kernel_axes=("embed", "mlp")).shape == (4, 16)
