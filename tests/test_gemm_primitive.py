@@ -963,22 +963,19 @@ ERROR_CASES = {
     "rank1": (
         dict(lhs=_a((16,)), rhs=_a((16, 4))),
         ValueError,
-        r"te_jax.gemm: lhs must have rank 2 \(M, K\) or 3 \(B, M, K\), got shape \(16,\)",
-    ),
-    "rank4": (
-        dict(lhs=_a((2, 2, 4, 16)), rhs=_a((2, 2, 16, 4)), lhs_trans=True),
-        ValueError,
-        r"lhs must have rank 2 \(K, M\) or 3 \(B, K, M\), got shape \(2, 2, 4, 16\)",
+        r"te_jax.gemm: lhs must have rank 2 \(M, K\) or more \(leading batch axes\), got shape "
+        r"\(16,\)",
     ),
     "rank_mismatch": (
-        dict(lhs=_a((2, 4, 16)), rhs=_a((16, 4))),
+        dict(lhs=_a((2, 2, 4, 16)), rhs=_a((2, 16, 4))),
         ValueError,
-        r"rhs must have lhs's rank 3 \(B, K, N\), got shape \(16, 4\)",
+        r"rhs must have rank 2 \(K, N\) \(one weight for every batch element\) or lhs's rank 4, "
+        r"got shape \(2, 16, 4\)",
     ),
     "batch_mismatch": (
         dict(lhs=_a((2, 4, 16)), rhs=_a((3, 16, 4))),
         ValueError,
-        r"the same batch B \(axis 0\), got lhs \(2, 4, 16\) and rhs \(3, 16, 4\)",
+        r"the same batch axes, got lhs \(2, 4, 16\) and rhs \(3, 16, 4\)",
     ),
     "contracting": (
         dict(lhs=_a((4, 16)), rhs=_a((4, 17)), rhs_trans=True),
@@ -1119,3 +1116,24 @@ def test_errors(name):
     static = {k: v for k, v in kwargs.items() if k not in _ARRAY_ARGS}
     with pytest.raises(exc, match=match):
         jax.jit(lambda a: bind_gemm(**a, **static))(arrays)
+
+
+@pytest.mark.parametrize("epilogue", ["default", "gelu_aux", "dgelu"])
+def test_shared_weight_over_batch_axes(epilogue, rng):
+    """lhs (B1, B2, M, K) against one (K, N) weight (dense's row axes kept apart): the rows'
+    GEMM, as on the folded (B1·B2·M, K) lhs, with DGELU's dbias over every row."""
+    lhs = jnp.asarray(rng.uniform(-1, 1, (2, 3, 4, 16)), jnp.float32)
+    rhs = jnp.asarray(rng.uniform(-1, 1, (16, 8)), jnp.float32)
+    kw = {"epilogue": epilogue}
+    if epilogue == "dgelu":
+        kw.update(aux=jnp.asarray(rng.uniform(-2, 2, (2, 3, 4, 8)), jnp.float32), grad_bias=True)
+    got = jax.jit(lambda a, b: bind_gemm(a, b, **kw))(lhs, rhs)
+    flat_kw = dict(kw)
+    if "aux" in kw:
+        flat_kw["aux"] = kw["aux"].reshape(24, 8)
+    want = bind_gemm(lhs.reshape(24, 16), rhs, implementation="xla", **flat_kw)
+    np.testing.assert_allclose(got.out.reshape(24, 8), want.out, rtol=1e-6, atol=1e-6)
+    if want.aux is not None:
+        np.testing.assert_allclose(got.aux.reshape(24, 8), want.aux, rtol=1e-6, atol=1e-6)
+    if want.dbias is not None:
+        np.testing.assert_allclose(got.dbias, want.dbias, rtol=1e-5, atol=1e-5)

@@ -86,6 +86,7 @@ class _Config:
     kernel_gemm: bool  # the GEMMs run on te_jax's CUDA handler
     kernel_dtype: np.dtype  # the kernel's own: quantized from it under a recipe
     kernel_axes: tuple[str | None, ...] | None = None  # logical names: dkernel's sharding
+    fold_rows: bool = False  # x's leading axes folded into one row axis (block scaling)
 
     @property
     def out_features(self) -> tuple[int, ...]:
@@ -250,6 +251,7 @@ def _prepare(
         kernel_gemm,
         np.dtype(kernel.dtype),
         check_logical_axes(where, "kernel_axes", kernel_axes, jnp.ndim(kernel)),
+        qs is not None and not qs.scaling_mode.is_tensor_scaling,
     )
     return cfg, kernel, bias, qs
 
@@ -345,13 +347,19 @@ class _Operands:
     m: int
     k: int
     f: int
-    lead: tuple[int, ...]  # x's leading axes (folded into m)
+    lead: tuple[int, ...]  # x's leading axes
     contract: tuple[int, ...]  # the contracting axes (folded into k)
+    rows: tuple[int, ...]  # the GEMMs' row axes: lead, or (m,) where they are folded
 
 
 def _shapes(lead: tuple[int, ...], cfg: _Config) -> _Operands:
+    """The GEMM views. x's leading axes stay apart as the GEMMs' row axes (a sequence split
+    under an unsplit batch stays a split of its own axis), except under block scaling, whose
+    colwise blocks run down one row axis: there they fold into M."""
     c = cfg.contract
-    return _Operands(math.prod(lead), math.prod(c), math.prod(cfg.features), lead, c)
+    m = math.prod(lead)
+    rows = (m,) if cfg.fold_rows or not lead else tuple(lead)
+    return _Operands(m, math.prod(c), math.prod(cfg.features), lead, c, rows)
 
 
 def _epilogue(cfg: _Config, residuals: bool = True) -> GemmEpilogue:
@@ -365,7 +373,7 @@ def _epilogue(cfg: _Config, residuals: bool = True) -> GemmEpilogue:
     return GemmEpilogue.DEFAULT
 
 
-def _activate(h2, cfg: _Config, ep: GemmEpilogue, aux):
+def _activate(h2, cfg: _Config, ep: GemmEpilogue, aux, ops: _Operands):
     """``y`` from the GEMM's output (h, or y where the epilogue applied the activation), and the
     array the backward's dact reads: h, or for ReLU y, whose sign is h's (relu'(h) = [y > 0])."""
     if ep in (GemmEpilogue.GELU_AUX, GemmEpilogue.GELU):
@@ -375,7 +383,7 @@ def _activate(h2, cfg: _Config, ep: GemmEpilogue, aux):
     if cfg.act is None:
         return h2, None
     # Explicit sizes, not -1: reshape cannot infer a -1 beside a 0 (an empty batch, M = 0).
-    h = h2.reshape((h2.shape[0],) + cfg.features)
+    h = h2.reshape(ops.rows + cfg.features)
     return act_lu(h, cfg.act, act_params=cfg.params, implementation=cfg.implementation), h2
 
 
@@ -396,7 +404,7 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
     if qs is None:
         # The kernel's output axes stay apart ((K, 2, N) for a gated kernel: a mesh axis can
         # split N with both halves on each shard); the GEMM folds them locally.
-        x2 = x.reshape(ops.m, ops.k)
+        x2 = x.reshape(ops.rows + (ops.k,))
         k2 = kernel.reshape((ops.k,) + cfg.features)
         r = bind_gemm(
             x2,
@@ -406,7 +414,7 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
             implementation=_gemm_impl(cfg),
             n_ndim=len(cfg.features),
         )
-        y, act_in = _activate(r.out, cfg, ep, r.aux)
+        y, act_in = _activate(r.out, cfg, ep, r.aux, ops)
         res = _Residuals(x2, k2, act_in, None, None, None) if residuals else None
         return _unflatten_y(y, ops, cfg), res
 
@@ -415,9 +423,9 @@ def _forward(x, kernel, bias, qs, cfg: _Config, residuals: bool):
     b1 = None if bias is None else bias.reshape(kf)
     qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, ops, cfg, residuals)
     r = _quantized_gemm(
-        qx, "rowwise", qk, "colwise", b1, ep, cfg, (ops.m, ops.k), kf + (ops.k,), 1, len(kf)
+        qx, "rowwise", qk, "colwise", b1, ep, cfg, ops.rows + (ops.k,), kf + (ops.k,), 1, len(kf)
     )
-    y, act_in = _activate(r.out, cfg, ep, r.aux)
+    y, act_in = _activate(r.out, cfg, ep, r.aux, ops)
     if not residuals:
         return _unflatten_y(y, ops, cfg), None
     new_qs = QuantizerSet(x=new_x, kernel=new_k, grad=qs.grad)
@@ -450,7 +458,7 @@ def _quantize_operands(x, k2, qs: QuantizerSet, ops: _Operands, cfg: _Config, re
         qx, new_x = x, qs.x
     else:
         qx = quantize(
-            x.reshape(ops.m, ops.k),
+            x.reshape(ops.rows + (ops.k,)),
             qs.with_layout("x", _BOTH if residuals else _ROW),
             implementation=impl,
         )
@@ -480,15 +488,17 @@ def _updated(q, st: ScaledTensor):
 
 def _quantized_gemm(a, a_copy, b, b_copy, bias, ep, cfg, lhs_shape, rhs_shape, k_ndim, n_ndim):
     """``out = deq(a) · deq(b)ᵀ``, the product of two quantized tensors in the FP8 "TN" form:
-    ``a``'s ``a_copy`` holds the lhs as ``lhs_shape = (M, *K)`` and ``b``'s ``b_copy`` the rhs
-    as ``rhs_shape = (*N, *K)`` (``k_ndim`` / ``n_ndim`` axes each). Tensor scaling runs the FP8
+    ``a``'s ``a_copy`` holds the lhs as ``lhs_shape = (*rows, *K)`` and ``b``'s ``b_copy`` the
+    rhs as ``rhs_shape = (*N, *K)`` (``k_ndim`` / ``n_ndim`` axes each; MXFP8 has one row
+    axis). Tensor scaling runs the FP8
     GEMM; MXFP8 the dequantized operands (module docstring). ``out (M, *N)`` in x's dtype."""
     out_dtype = cfg.dtype
     groups = dict(k_ndim=k_ndim, n_ndim=n_ndim, implementation=_gemm_impl(cfg))
     if a.scaling_mode.is_tensor_scaling:
         lhs, ls = _tn_operand(a, a_copy, lhs_shape)
         rhs, rs = _tn_operand(b, b_copy, rhs_shape)
-        k, n = math.prod(lhs_shape[1:]), math.prod(rhs_shape[:n_ndim])
+        k = math.prod(lhs_shape[len(lhs_shape) - k_ndim :])
+        n = math.prod(rhs_shape[:n_ndim])
         if k % FP8_ALIGNMENT or n % FP8_ALIGNMENT:
             # An FP8 GEMM (cuBLASLt's, and the primitive's contract) cannot take this shape:
             # the same product in float32.
@@ -531,7 +541,7 @@ def _tn_operand(st: ScaledTensor, copy: str, shape):
 def _backward(cfg: _Config, res, dy):
     quantized_x = res.quantized_x
     ops = _shapes(tuple(dy.shape)[: dy.ndim - len(cfg.out_features)], cfg)
-    dy2 = dy.reshape(ops.m, math.prod(cfg.out_features))
+    dy2 = dy.reshape(ops.rows + cfg.out_features)
     dh, dbias = _dact(dy2, res.act_in, cfg, ops, quantizer=_grad_quantizer(res))
     dx, dk, dbias, new_qs = _gemm_grads(cfg, res, ops, dh, dbias)
     if quantized_x is not None:
@@ -562,14 +572,14 @@ def _dgrad(cfg: _Config, res, ops: _Operands, dh):
     """``dx (M, K) = dh · kernelᵀ``."""
     k = res.kernel
     if res.qs is None:
-        dh = dh.reshape((ops.m,) + cfg.features)
+        dh = dh.reshape(ops.rows + cfg.features)
         return bind_gemm(
             dh, k, rhs_trans=True, implementation=_gemm_impl(cfg), k_ndim=len(cfg.features)
         ).out
     kf = _fp8_features(cfg, ops)
     z = GemmEpilogue.DEFAULT
     return _quantized_gemm(
-        dh, "rowwise", k, "rowwise", None, z, cfg, (ops.m,) + kf, (ops.k,) + kf, len(kf), 1
+        dh, "rowwise", k, "rowwise", None, z, cfg, ops.rows + kf, (ops.k,) + kf, len(kf), 1
     ).out
 
 
@@ -577,15 +587,30 @@ def _wgrad(cfg: _Config, res, ops: _Operands, dh):
     """``dkernel = xᵀ · dh`` in the kernel's shape (and, under a recipe, its dtype)."""
     x = res.x
     if res.qs is None:
-        dh = dh.reshape((ops.m,) + cfg.features)
+        dh = dh.reshape(ops.rows + cfg.features)
         dk = bind_gemm(
-            x, dh, lhs_trans=True, implementation=_gemm_impl(cfg), n_ndim=len(cfg.features)
+            x,
+            dh,
+            lhs_trans=True,
+            implementation=_gemm_impl(cfg),
+            k_ndim=len(ops.rows),
+            n_ndim=len(cfg.features),
         ).out
         return logical_constraint(dk.reshape(_k_shape(ops, cfg)), cfg.kernel_axes)
     kf = _fp8_features(cfg, ops)
     z = GemmEpilogue.DEFAULT
     dk = _quantized_gemm(
-        x, "colwise", dh, "colwise", None, z, cfg, (ops.k, ops.m), kf + (ops.m,), 1, len(kf)
+        x,
+        "colwise",
+        dh,
+        "colwise",
+        None,
+        z,
+        cfg,
+        (ops.k,) + ops.rows,
+        kf + ops.rows,
+        len(ops.rows),
+        len(kf),
     )
     dk = logical_constraint(dk.out.reshape(_k_shape(ops, cfg)), cfg.kernel_axes)
     return dk.astype(cfg.kernel_dtype)
@@ -619,16 +644,19 @@ def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
     if cfg.act is None:
         dbias = None
         if cfg.has_bias:
-            dbias = jnp.sum(dy2.astype(jnp.float32), axis=0).astype(cfg.dtype)
+            rows = tuple(range(len(ops.rows)))
+            dbias = jnp.sum(dy2.astype(jnp.float32), axis=rows).astype(cfg.dtype)
         if quantizer is None:
             return dy2, dbias
-        dy_f = dy2.reshape((ops.m,) + cfg.features)
-        return quantize(dy_f, quantizer, implementation=impl, n_feature_axes=dy_f.ndim - 1), dbias
+        dy_f = dy2.reshape(ops.rows + cfg.features)
+        return quantize(
+            dy_f, quantizer, implementation=impl, n_feature_axes=len(cfg.features)
+        ), dbias
     # act_in is h, or for the ReLU epilogue y, whose sign is h's: relu'(y) == relu'(h). A
     # non-gated activation is elementwise: h as (M, F) whatever the kernel's output axes.
-    x_act = act_in.reshape((ops.m,) + (cfg.features if cfg.act.is_gated else (ops.f,)))
+    x_act = act_in.reshape(ops.rows + (cfg.features if cfg.act.is_gated else (ops.f,)))
     dh, dbias = quantize_dact_dbias(
-        dy2,
+        dy2.reshape(ops.rows + cfg.act.output_shape(x_act.shape[len(ops.rows) :])),
         x_act,
         cfg.act,
         is_dbias=cfg.has_bias,
@@ -637,5 +665,5 @@ def _dact(dy2, act_in, cfg: _Config, ops: _Operands, quantizer):
         implementation=impl,
     )
     if quantizer is None:
-        dh = dh.reshape((ops.m,) + cfg.features)
+        dh = dh.reshape(ops.rows + cfg.features)
     return dh, dbias

@@ -165,8 +165,8 @@ def _forward(x, k1, b1, k2, b2, q1, q2, cfg: _Config, residuals: bool):
     h, res1 = _dense._forward(x, k1, b1, q1, dataclasses.replace(c1, act=None), residuals)
     lead = tuple(jnp.shape(x))[:-1]
     ops = _dense._shapes(lead, c1)
-    # As dense quantizes x: the rows folded into one axis (MXFP8's colwise blocks run down M).
-    h = h.reshape((ops.m,) + c1.features)
+    # In the row axes dense quantizes x with (folded into one under MXFP8: its colwise blocks).
+    h = h.reshape(ops.rows + c1.features)
     layout = QuantizeLayout.ROWWISE_COLWISE if residuals else QuantizeLayout.ROWWISE
     y = act_lu(
         h,
@@ -191,13 +191,13 @@ def _mlp_bwd(cfg: _Config, res, dy):
     res1, res2 = res
     lead = tuple(dy.shape)[: dy.ndim - len(c2.out_features)]
     ops1, ops2 = _dense._shapes(lead, c1), _dense._shapes(lead, c2)
-    dy2 = dy.reshape(ops2.m, ops2.f)
+    dy2 = dy.reshape(ops2.rows + c2.out_features)
     if cfg.dgelu_epilogue:
         # kernel_2's dgrad GEMM applies gelu'(h) and sums dbias_1 in its epilogue.
         _, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=None)
         dk2 = _dense._wgrad(c2, res2, ops2, dy2)
         r = bind_gemm(
-            dy2.reshape((ops2.m,) + c2.features),
+            dy2,
             res2.kernel,
             aux=res1.act_in,
             rhs_trans=True,

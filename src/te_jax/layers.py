@@ -29,6 +29,7 @@ from te_jax.dense import dense
 from te_jax.fused_mlp import fused_mlp
 from te_jax.normalization import layernorm
 from te_jax.recipe import QuantizerSet, Recipe
+from te_jax.sharding import gather_sequence, split_sequence
 
 __all__ = [
     "resolve_activation",
@@ -234,9 +235,12 @@ def layernorm_mlp(
             zero_centered_gamma=zero_centered_gamma,
             epsilon=epsilon,
         )
+    # Sequence parallelism: the block's input arrives split along the sequence; the GEMMs take
+    # it whole (all-gather) and give their output back split (reduce-scatter).
+    h_in = gather_sequence(ln_out)
     if dropout is None:
         out = fused_mlp(
-            ln_out,
+            h_in,
             kernel_1,
             kernel_2,
             bias_1,
@@ -247,10 +251,10 @@ def layernorm_mlp(
             implementation=implementation,
             kernel_axes=kernel_axes,
         )
-        return out, ln_out
+        return split_sequence(out), ln_out
     # Dropout sits between the GEMMs: two dense calls around it.
     h = dense(
-        ln_out,
+        h_in,
         kernel_1,
         bias_1,
         activation_type=activation_type,
@@ -267,4 +271,4 @@ def layernorm_mlp(
         implementation=implementation,
         kernel_axes=kernel_axes[1],
     )
-    return out, ln_out
+    return split_sequence(out), ln_out

@@ -37,7 +37,16 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["MeshResource", "LOGICAL_AXES", "parse_mesh", "logical_constraint"]
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "MeshResource",
+    "LOGICAL_AXES",
+    "parse_mesh",
+    "logical_constraint",
+    "sequence_parallel",
+]
 
 # The logical axis names te_jax's modules and examples use.
 LOGICAL_AXES = ("batch", "length", "embed", "mlp", "act")
@@ -149,3 +158,51 @@ def check_logical_axes(where: str, what: str, axes, ndim: int) -> tuple[str | No
             f"{where}: {what} must name each of the {ndim} axes (a str or None each), got {axes!r}"
         )
     return axes
+
+
+def sequence_parallel() -> bool:
+    """Whether the active Flax logical axis rules split the ``length`` axis (sequence
+    parallelism: ``MeshResource.sp_resource``)."""
+    from flax.core import spmd  # noqa: PLC0415 -- Flax only where a model shards
+
+    return any(
+        name == "length" and axes is not None for name, axes in spmd.get_logical_axis_rules()
+    )
+
+
+_WHOLE = ("batch", None, "embed")  # (batch, length, hidden), the sequence whole
+_SPLIT = ("batch", "length", "embed")  # the sequence split over sp_resource
+
+
+def gather_sequence(x):
+    """``x (batch, length, hidden)``, split along ``length`` under sequence parallelism, made
+    whole for the tensor-parallel region: an all-gather forward, a reduce-scatter of the
+    gradient backward. ``x`` itself otherwise."""
+    if jnp.ndim(x) != 3 or not sequence_parallel():
+        return x
+    return _gather(x)
+
+
+def split_sequence(x):
+    """``x (batch, length, hidden)`` split along ``length`` again after the tensor-parallel
+    region: the row-parallel GEMM's sum becomes a reduce-scatter forward, the gradient an
+    all-gather backward. ``x`` itself otherwise."""
+    if jnp.ndim(x) != 3 or not sequence_parallel():
+        return x
+    return _split(x)
+
+
+# Each direction's constraint is the other's in the backward (with_sharding_constraint alone
+# would keep the gradient whole, an all-reduce where Megatron's reduce-scatter belongs).
+@jax.custom_vjp
+def _gather(x):
+    return logical_constraint(x, _WHOLE)
+
+
+@jax.custom_vjp
+def _split(x):
+    return logical_constraint(x, _SPLIT)
+
+
+_gather.defvjp(lambda x: (_gather(x), None), lambda _, g: (logical_constraint(g, _SPLIT),))
+_split.defvjp(lambda x: (_split(x), None), lambda _, g: (logical_constraint(g, _WHOLE),))

@@ -322,3 +322,43 @@ def test_shard_map_on_local_shards(recipe):
         g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
         err = np.linalg.norm(g64 - w64) / np.linalg.norm(w64)
         assert err <= rtol, err
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "delayed"])
+def test_sequence_parallel(recipe):
+    """TP with sequence parallelism (MeshResource(tp_resource=sp_resource="tensor")): the block's
+    input and output split along the sequence, the GEMMs' region whole. The step equals the
+    unsharded one; the activations move only as the strategy's all-gathers (the block's input
+    forward, its output gradient backward) and reduce-scatters (its output forward, its input
+    gradient backward), 2 and 2 per layer, and never through an all-reduce."""
+    seq = 16
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((4, seq, H)), jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((4, seq, H)), jnp.float32)
+    state, step, partition_spec = _linen(RECIPES[recipe], ACTS["swiglu"], x)
+    want = jax.jit(step)(state, x, dy)
+    mesh = _mesh({"tensor": 8})
+    resource = MeshResource(tp_resource="tensor", sp_resource="tensor")
+    rules = resource.logical_axis_rules()
+    shard = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+    state_sh = jax.tree.map(shard, partition_spec(state, rules), is_leaf=lambda s: isinstance(s, P))
+    act_sh = shard(P(None, "tensor", None))
+    jitted = jax.jit(
+        step, in_shardings=(state_sh, act_sh, act_sh), out_shardings=(act_sh, state_sh)
+    )
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        text = jitted.lower(state, x, dy).compile().as_text()
+        got = jitted(
+            jax.device_put(state, state_sh), jax.device_put(x, act_sh), jax.device_put(dy, act_sh)
+        )
+    noise = None
+    if recipe != "bf16":
+        bf16_state, bf16_step, _ = _linen(None, ACTS["swiglu"], x)
+        noise = _fp8_noise(want, jax.jit(bf16_step)(bf16_state, x, dy))
+    _assert_step_equal(got, want, recipe, noise)
+    act_size = x.size  # the block's activations (B, S, H), whole
+    moved = [
+        (op, s) for op, s in _collectives(text) if int(np.prod(s)) in (act_size, act_size // 8)
+    ]
+    kinds = sorted(op for op, _ in moved)
+    assert kinds == ["all-gather"] * 4 + ["reduce-scatter"] * 4, moved

@@ -233,6 +233,15 @@ def _kernel(
     batch, m, k, n = _dims(lhs.shape, rhs.shape, lhs_trans, rhs_trans)
     if 0 in (math.prod(batch), m, k, n):  # nothing to multiply: acc = 0 (or no output at all)
         return reference_results(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, **params)
+    if batch and rhs.ndim < lhs.ndim and not lhs_trans:
+        # A shared weight: the rows (batch..., M) are contiguous, one GEMM over all of them (one
+        # BGRAD epilogue for dbias too).
+        flat_aux = aux.reshape(-1, n) if epilogue == GemmEpilogue.DGELU else aux
+        outs = _kernel(
+            lhs.reshape(-1, k), rhs, bias, flat_aux, lhs_scale_inv, rhs_scale_inv, **params
+        )
+        n_rows = 2 if epilogue == GemmEpilogue.GELU_AUX else 1  # out, and aux
+        return [o.reshape(batch + (m, n)) for o in outs[:n_rows]] + list(outs[n_rows:])
     if output_amax:
         # cuBLASLt's AMAX_D exists only for FP8 outputs (te_jax's are 16/32-bit): one reduction.
         outs = _kernel(
@@ -536,20 +545,20 @@ def _check_operands(lhs, rhs, lhs_trans, rhs_trans):
             f"{_WHERE}: float8_e5m2 lhs with float8_e5m2 rhs is not supported (cuBLASLt has no "
             "such kernel); one of them must be float8_e4m3fn"
         )
-    if lhs.ndim not in (2, 3):
+    if lhs.ndim < 2:
         raise ValueError(
-            f"{_WHERE}: lhs must have rank 2 {_layout('lhs', lhs_trans, 2)} or 3 "
-            f"{_layout('lhs', lhs_trans, 3)}, got shape {tuple(lhs.shape)}"
+            f"{_WHERE}: lhs must have rank 2 {_layout('lhs', lhs_trans, 2)} or more (leading "
+            f"batch axes), got shape {tuple(lhs.shape)}"
         )
-    if rhs.ndim != lhs.ndim:
+    if rhs.ndim not in (2, lhs.ndim):
         raise ValueError(
-            f"{_WHERE}: rhs must have lhs's rank {lhs.ndim} "
-            f"{_layout('rhs', rhs_trans, lhs.ndim)}, got shape {tuple(rhs.shape)} (lhs "
+            f"{_WHERE}: rhs must have rank 2 {_layout('rhs', rhs_trans, 2)} (one weight for "
+            f"every batch element) or lhs's rank {lhs.ndim}, got shape {tuple(rhs.shape)} (lhs "
             f"{tuple(lhs.shape)})"
         )
-    if lhs.ndim == 3 and lhs.shape[0] != rhs.shape[0]:
+    if rhs.ndim == lhs.ndim > 2 and lhs.shape[:-2] != rhs.shape[:-2]:
         raise ValueError(
-            f"{_WHERE}: lhs and rhs must have the same batch B (axis 0), got lhs "
+            f"{_WHERE}: lhs and rhs must have the same batch axes, got lhs "
             f"{tuple(lhs.shape)} and rhs {tuple(rhs.shape)}"
         )
     batch, m, k, n = _dims(lhs.shape, rhs.shape, lhs_trans, rhs_trans)
