@@ -3,11 +3,13 @@ parallelism with te_jax's Flax modules, unchanged on CPU fake devices and on GPU
 
     python examples/train_sharded.py --mesh data=2,tensor=4            # 8 devices: DP x TP
     python examples/train_sharded.py --mesh data=8 --fsdp               # FSDP over 8 devices
+    python examples/train_sharded.py --mesh data=2,tensor=4 --sp        # + sequence parallel
     python examples/train_sharded.py --mesh tensor=8 --recipe delayed --family nnx
     # on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/...
 
 The mesh axes play the roles ``te_jax.sharding.MeshResource`` gives them (``data``: data
-parallel, or FSDP with ``--fsdp``; ``tensor``: tensor parallel). Its logical axis rules map the
+parallel, or FSDP with ``--fsdp``; ``tensor``: tensor parallel, and with ``--sp`` sequence
+parallel too). Its logical axis rules map the
 modules' parameter names to the mesh (``nn.logical_to_mesh`` for Linen,
 ``nnx.get_partition_spec`` under ``nnx.logical_axis_rules`` for NNX); the batch is split over
 the data axis; the step is one ``jax.jit`` with those shardings, traced under the mesh and the
@@ -165,7 +167,8 @@ def run(args, recipe_name: str, family: str, mesh: Mesh | None, resource: MeshRe
         shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
         state_sh = jax.tree.map(shard, specs, is_leaf=lambda s: isinstance(s, P))
         batch = resource.batch_axes
-        data_sh = shard(P(batch if len(batch) > 1 else (batch[0] if batch else None)))
+        b = batch if len(batch) > 1 else (batch[0] if batch else None)
+        data_sh = shard(P(b, resource.sp_resource, None))  # (batch, sequence, hidden)
         jitted = jax.jit(
             step, in_shardings=(state_sh, data_sh, data_sh), out_shardings=(state_sh, None)
         )
@@ -216,6 +219,7 @@ def main(argv=None) -> int:
         "--mesh", default="data=2,tensor=4", help="axes and sizes, e.g. data=2,tensor=4"
     )
     ap.add_argument("--fsdp", action="store_true", help="the data axis shards parameters (FSDP)")
+    ap.add_argument("--sp", action="store_true", help="sequence parallel over the tensor axis")
     ap.add_argument("--family", choices=["linen", "nnx"], default="linen")
     ap.add_argument("--recipe", choices=[*RECIPES, "all"], default="all")
     ap.add_argument("--activations", default="gelu", help="gelu, or a gated pair: silu,linear")
@@ -246,6 +250,7 @@ def main(argv=None) -> int:
         dp_resource=None if args.fsdp else data,
         fsdp_resource=data if args.fsdp else None,
         tp_resource="tensor" if "tensor" in axes else None,
+        sp_resource="tensor" if args.sp and "tensor" in axes else None,
     )
     print(f"backend {jax.default_backend()}, {n} devices; {resource}")
     recipes = list(RECIPES) if args.recipe == "all" else [args.recipe]

@@ -56,8 +56,9 @@ def test_train_mlp_example(family, capsys):
     [
         ["--mesh", "data=2,tensor=4", "--family", "linen", "--recipe", "delayed"],
         ["--mesh", "data=8", "--fsdp", "--family", "nnx", "--recipe", "bf16"],
+        ["--mesh", "data=2,tensor=4", "--sp", "--family", "linen", "--recipe", "current"],
     ],
-    ids=["linen-dp_tp-delayed", "nnx-fsdp-bf16"],
+    ids=["linen-dp_tp-delayed", "nnx-fsdp-bf16", "linen-dp_tp_sp-current"],
 )
 def test_train_sharded_example(args):
     """examples/train_sharded.py on 8 CPU devices (its own process: the device count is set
