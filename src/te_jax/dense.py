@@ -2,8 +2,9 @@
 
 ``x (..., K) · kernel (K, *F) + bias (*F) -> act -> y``. With a gated activation the kernel is
 ``(K, 2, N)``, so the GEMM already writes docs/numerics.md §1's ``(..., 2, N)`` layout and the
-activation reads it in place: ``y (..., N)``. The leading axes of x are batch / sequence axes,
-folded into the GEMM's rows ``M``.
+activation reads it in place: ``y (..., N)``. The leading axes of x are batch / sequence axes:
+the GEMM's rows ``M``, handed to it as they are (one weight shared over them, still one GEMM;
+under sharding each keeps its own split) and folded into one axis only under block scaling.
 
 **Where each part runs.**
 
@@ -15,7 +16,7 @@ folded into the GEMM's rows ``M``.
 
 Backward: ``dh = dact(dy, h)`` and ``dbias`` from one fused ``quantize_dact_dbias`` (quantized
 to the grad quantizer's FP8 in the same pass under a recipe), then the dgrad GEMM
-``dx = dh · kernelᵀ`` and the wgrad GEMM ``dkernel = xᵀ · dh`` (leading axes folded).
+``dx = dh · kernelᵀ`` and the wgrad GEMM ``dkernel = xᵀ · dh`` (contracting every row axis).
 
 **FP8** (``quantizer_set`` from a ``te_jax.recipe``): x and the kernel are quantized (E4M3) by
 te_jax's quantize kernels into rowwise and colwise (transposed) copies; the forward GEMM takes
@@ -342,7 +343,8 @@ _dense.defvjp(_dense_fwd, _dense_bwd)
 
 @dataclasses.dataclass
 class _Operands:
-    """The 2-D GEMM views: ``M`` rows, ``K`` contracting, ``F`` output columns."""
+    """The GEMM views: ``M`` rows (in the row axes ``rows``), ``K`` contracting, ``F`` output
+    columns."""
 
     m: int
     k: int
