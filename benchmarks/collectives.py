@@ -13,7 +13,9 @@ moves. Scalars (FP8 amax reductions) are counted apart. The analytic minimum, in
 ``T`` tokens, ``d`` the data axis, ``t`` the tensor axis, ``a`` the activation's width (2 gated):
 
 * TP: the row-parallel GEMM's output all-reduced forward and its input gradient backward, per
-  layer: ``2 · L · (T / d) · H``;
+  layer: ``2 · L · (T / d) · H``; with sequence parallelism (``tp_sp``) the same elements as
+  all-gathers (the block's input forward, its output gradient backward) and as reduce-scatters,
+  and the norm's parameter gradients (the norm runs on sequence shards) all-reduced;
 * DP: every parameter's gradient all-reduced once (its tensor-parallel shard);
 * FSDP: every parameter split along ``embed`` all-gathered once and its gradient
   reduce-scattered once; the others' (``wi_bias``) gradients all-reduced.
@@ -41,9 +43,11 @@ STRATEGIES = {
     "dp": {"data": 8},
     "fsdp": {"data": 8},
     "tp": {"tensor": 8},
+    "tp_sp": {"tensor": 8},
     "dp_tp": {"data": 2, "tensor": 4},
     "fsdp_tp": {"data": 2, "tensor": 4},
 }
+SP_SEQ = 64  # the sequence length of the sequence-parallel row
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
 _CALL = re.compile(
     r"= (?P<type>\([^)]*\)|\S+) (?P<op>" + "|".join(_KINDS) + r")(?:-start)?\((?P<args>[^)]*)\)"
@@ -106,7 +110,11 @@ def analytic(strategy: str, mesh: dict, args) -> dict:
         if n:
             out[kind] = out.get(kind, 0) + n * lay
 
-    if t > 1:
+    if strategy.endswith("_sp"):  # all-gather in, reduce-scatter out; the reverse backward
+        add("all-gather", 2 * (args.tokens // d) * h)
+        add("reduce-scatter", 2 * (args.tokens // d) * h)
+        add("all-reduce", 2 * h)  # the norm (on sequence shards): its two (H,) gradients
+    elif t > 1:
         add("all-reduce", 2 * (args.tokens // d) * h)
     if strategy.startswith("dp"):
         add("all-reduce", sum(n for n, _ in params))
@@ -130,6 +138,7 @@ def run(strategy: str, args):
         dp_resource=data if strategy.startswith("dp") else None,
         fsdp_resource=data if strategy.startswith("fsdp") else None,
         tp_resource="tensor" if "tensor" in axes else None,
+        sp_resource="tensor" if strategy.endswith("_sp") else None,
     )
     recipe = {
         "bf16": None,
@@ -152,7 +161,10 @@ def run(strategy: str, args):
             return x
 
     model = Stack()
-    x = jax.ShapeDtypeStruct((args.tokens, args.hidden), jnp.bfloat16)
+    # (batch, sequence, hidden) under sequence parallelism (the sequence split), else (T, H).
+    sp = resource.sp_resource
+    shape = (args.tokens // SP_SEQ, SP_SEQ, args.hidden) if sp else (args.tokens, args.hidden)
+    x = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
     variables = jax.eval_shape(model.init, jax.random.key(0), x)
     rules = resource.logical_axis_rules()
     specs = nn.logical_to_mesh(nn.get_partition_spec(variables), rules)
@@ -166,7 +178,8 @@ def run(strategy: str, args):
     shard = lambda s: NamedSharding(mesh, s)  # noqa: E731
     v_sh = jax.tree.map(shard, specs, is_leaf=lambda s: isinstance(s, P))
     batch = resource.batch_axes
-    x_sh = shard(P(batch if len(batch) > 1 else (batch[0] if batch else None), None))
+    b = batch if len(batch) > 1 else (batch[0] if batch else None)
+    x_sh = shard(P(b, sp, None) if sp else P(b, None))
     jitted = jax.jit(step, in_shardings=(v_sh, x_sh, x_sh), out_shardings=(None, v_sh))
     dy = jax.ShapeDtypeStruct(x.shape, jnp.float32)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -197,7 +210,9 @@ def markdown(rows, args) -> str:
                 f"{want} | {ratio} | {m['bytes'] / 2**20:.2f} |"
             )
         n_scalars = r["measured"]["scalars"]
-        lines.append(f"| {r['strategy']} | {r['mesh']} | scalar (loss, amax) | {n_scalars} | | | | |")
+        lines.append(
+            f"| {r['strategy']} | {r['mesh']} | scalar (loss, amax) | {n_scalars} | | | | |"
+        )
     return "\n".join(lines) + "\n"
 
 
