@@ -729,8 +729,9 @@ def bind_gemm(
     """One GEMM with a fused bias and epilogue (see the module docstring for the math).
 
     Args:
-      lhs: ``(M, K)``, or ``(K, M)`` with ``lhs_trans``; or ``(B, ...)`` of those (then rhs too).
-      rhs: ``(K, N)``, or ``(N, K)`` with ``rhs_trans``; ``(B, ...)`` when lhs is.
+      lhs: ``(M, K)``, or ``(K, M)`` with ``lhs_trans``; or those with leading batch axes.
+      rhs: ``(K, N)``, or ``(N, K)`` with ``rhs_trans``: one weight for every batch element of
+        lhs (without lhs_trans the rows of all of them are one GEMM); or with lhs's batch axes.
       bias: ``(N,)`` in out_dtype, added to the float32 accumulator (not with DGELU).
       aux: for ``GemmEpilogue.DGELU`` only: the forward's pre-activation h, out's shape, in
         out_dtype.
