@@ -216,6 +216,40 @@ def te_jax_custom_calls(compiled_text: str) -> list[str]:
     return TE_CALL_RE.findall(compiled_text)
 
 
+def sharded_devices(n: int = 8) -> np.ndarray:
+    """The first ``n`` devices for tests/sharded's checks; skips the module without them, or
+    fails where tests/test_sharding.py asked for them (TE_JAX_SHARDED_SUBPROCESS)."""
+    import os
+
+    import pytest
+
+    if len(jax.devices()) < n:
+        if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
+            raise RuntimeError(f"{n} devices were asked for, jax has {jax.devices()}")
+        pytest.skip(
+            f"needs {n} devices (XLA_FLAGS=--xla_force_host_platform_device_count={n})",
+            allow_module_level=True,
+        )
+    return np.array(jax.devices()[:n])
+
+
+_COLLECTIVE_RE = re.compile(
+    r"= (?P<type>\([^)]*\)|\S+) "
+    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
+)
+_ARRAY_RE = re.compile(r"[a-z0-9]+\[([0-9,]*)\]")
+
+
+def hlo_collectives(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """``(kind, result shape)`` of each collective in a compiled HLO module's text, a combined
+    (tuple) collective once per element."""
+    out = []
+    for m in _COLLECTIVE_RE.finditer(text):
+        for dims in _ARRAY_RE.findall(m["type"]):
+            out.append((m["op"], tuple(int(d) for d in dims.split(",") if d)))
+    return out
+
+
 @contextlib.contextmanager
 def enable_x64():
     """float64 enabled inside the block, restored after (across jax versions)."""

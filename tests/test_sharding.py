@@ -19,6 +19,7 @@ CHECK_FILES = {
     "sharded_checks.py": 20,
     "quantized_sharded_checks.py": 20,
     "gemm_sharded_checks.py": 20,
+    "mlp_sharded_checks.py": 30,
 }
 
 

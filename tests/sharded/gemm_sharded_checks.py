@@ -12,7 +12,6 @@ collectives its strategy needs (gemm_sharding's docstring):
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 import jax
@@ -24,32 +23,21 @@ from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from helpers import hlo_collectives, sharded_devices  # noqa: E402
 from te_jax.primitives.gemm import GemmEpilogue, bind_gemm  # noqa: E402
 from te_jax.quantize import formats  # noqa: E402
 
-if len(jax.devices()) < 8:
-    if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
-        raise RuntimeError(f"8 devices were asked for, jax has {jax.devices()}")
-    pytest.skip(
-        "needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
-        allow_module_level=True,
-    )
-
-DEVICES = np.array(jax.devices()[:8])
+DEVICES = sharded_devices(8)
 MESH_1D = Mesh(DEVICES, ("x",))
 MESH_2D = Mesh(DEVICES.reshape(2, 4), ("data", "tensor"))
-_COLLECTIVE = re.compile(
-    r"= (?P<type>\S+) (?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
-    r"(?:-start)?\("
-)
 M, K, N = 64, 32, 48
 
 
-def collectives(text: str) -> dict[str, list[str]]:
-    """Collective ops of a compiled module: kind -> result types."""
-    out: dict[str, list[str]] = {}
-    for m in _COLLECTIVE.finditer(text):
-        out.setdefault(m["op"], []).append(m["type"])
+def counts(text: str) -> dict[str, int]:
+    """Collectives of a compiled module by kind."""
+    out: dict[str, int] = {}
+    for op, _ in hlo_collectives(text):
+        out[op] = out.get(op, 0) + 1
     return out
 
 
@@ -127,10 +115,9 @@ def test_forward_layouts(case, bias, rng):
     args = (lhs, rhs, b) if bias else (lhs, rhs)
     text, (out,) = _run(mesh, specs, (os_,), fn, *args)
     _close(out, bind_gemm(lhs, rhs, b, implementation="xla").out)
-    got = collectives(text)
-    assert {k: len(v) for k, v in got.items()} == want, got
-    for t in got.get("all-gather", []):  # the weight, whole (or its tensor-parallel slice)
-        assert t.split("[")[1].split("]")[0].split(",")[0] == str(K), (t, "not the weight")
+    assert counts(text) == want, hlo_collectives(text)
+    for op, shape in hlo_collectives(text):  # the weight, whole (or its tensor-parallel slice)
+        assert op != "all-gather" or shape[0] == K, (shape, "not the weight")
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["dp", "fsdp"])
@@ -145,7 +132,7 @@ def test_wgrad_over_split_rows(fsdp, rng):
     out_spec = P("x", None) if fsdp else P(None, None)
     text, (out,) = _run(MESH_1D, (P("x", None), P("x", None)), (out_spec,), f, x, dh)
     _close(out, bind_gemm(x, dh, lhs_trans=True, implementation="xla").out)
-    got = {k: len(v) for k, v in collectives(text).items()}
+    got = counts(text)
     assert got == ({"reduce-scatter": 1} if fsdp else {"all-reduce": 1}), got
 
 
@@ -164,7 +151,7 @@ def test_nonlinear_epilogue_gathers_k(rng):
     want = bind_gemm(lhs, rhs, epilogue=GemmEpilogue.GELU_AUX, implementation="xla")
     _close(out, want.out)
     _close(aux, want.aux)
-    assert "all-reduce" not in collectives(text)
+    assert "all-reduce" not in counts(text)
 
 
 def test_dgelu_dbias_over_split_rows(rng):
@@ -172,25 +159,19 @@ def test_dgelu_dbias_over_split_rows(rng):
     dy, w = _operands(rng, (M, K), (N, K))
     aux = jnp.asarray(rng.uniform(-2, 2, (M, N)), jnp.float32)
 
+    opts = dict(rhs_trans=True, epilogue=GemmEpilogue.DGELU, grad_bias=True)
+
     def f(dy, w, aux):
-        r = bind_gemm(dy, w, aux=aux, rhs_trans=True, epilogue=GemmEpilogue.DGELU, grad_bias=True)
+        r = bind_gemm(dy, w, aux=aux, **opts)
         return r.out, r.dbias
 
     text, (out, db) = _run(
         MESH_1D, (P("x", None), P(None, None), P("x", None)), (P("x", None), P(None)), f, dy, w, aux
     )
-    want = bind_gemm(
-        dy,
-        w,
-        aux=aux,
-        rhs_trans=True,
-        epilogue=GemmEpilogue.DGELU,
-        grad_bias=True,
-        implementation="xla",
-    )
+    want = bind_gemm(dy, w, aux=aux, implementation="xla", **opts)
     _close(out, want.out)
     _close(db, want.dbias)
-    assert {k: len(v) for k, v in collectives(text).items()} == {"all-reduce": 1}
+    assert counts(text) == {"all-reduce": 1}
 
 
 @pytest.mark.parametrize("layout", ["dp", "row"])
@@ -203,16 +184,10 @@ def test_fp8_operands(layout, rng):
     rhs = (rhs32 * 8).astype(formats.E4M3)
     ls, rs = jnp.full((1,), 0.5, jnp.float32), jnp.full((1,), 0.125, jnp.float32)
 
+    opts = dict(rhs_trans=True, out_dtype=jnp.float32, output_amax=True)
+
     def f(lhs, rhs, ls, rs):
-        r = bind_gemm(
-            lhs,
-            rhs,
-            lhs_scale_inv=ls,
-            rhs_scale_inv=rs,
-            rhs_trans=True,
-            out_dtype=jnp.float32,
-            output_amax=True,
-        )
+        r = bind_gemm(lhs, rhs, lhs_scale_inv=ls, rhs_scale_inv=rs, **opts)
         return r.out, r.amax
 
     specs = {
@@ -223,18 +198,23 @@ def test_fp8_operands(layout, rng):
     text, (out, amax) = _run(
         MESH_1D, specs + (P(None), P(None)), (out_spec, P(None)), f, lhs, rhs, ls, rs
     )
-    want = bind_gemm(
-        lhs,
-        rhs,
-        lhs_scale_inv=ls,
-        rhs_scale_inv=rs,
-        rhs_trans=True,
-        out_dtype=jnp.float32,
-        output_amax=True,
-        implementation="xla",
-    )
+    want = bind_gemm(lhs, rhs, lhs_scale_inv=ls, rhs_scale_inv=rs, implementation="xla", **opts)
     _close(out, want.out)
     np.testing.assert_allclose(amax, want.amax, rtol=1e-6)
-    got = {k: len(v) for k, v in collectives(text).items()}
+    got = counts(text)
     # dp: the amax's max over the shards of out; row: the product's sum (out is then whole).
     assert got == {"all-reduce": 1}, got
+
+
+def test_uneven_split_is_refused(rng):
+    """A sharding that splits a GEMM dimension unevenly (12 rows over 8 devices, which XLA
+    would pad) reaches the partition only through a constraint: an error naming the dimension,
+    never a computation on padding."""
+    lhs, rhs = _operands(rng, (12, K), (K, N))
+
+    def f(lhs, rhs):
+        lhs = jax.lax.with_sharding_constraint(lhs, NamedSharding(MESH_1D, P("x", None)))
+        return bind_gemm(lhs, rhs).out
+
+    with pytest.raises(Exception, match=r"M \(rows\) has size 12, which mesh axes \('x',\)"):
+        jax.jit(f)(lhs, rhs)

@@ -29,18 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import te_jax  # noqa: E402
 import te_jax.flax as tef  # noqa: E402
+from helpers import hlo_collectives, sharded_devices  # noqa: E402
 from te_jax import nnx as tnnx  # noqa: E402
 from te_jax.sharding import MeshResource  # noqa: E402
 
-if len(jax.devices()) < 8:
-    if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
-        raise RuntimeError(f"8 devices were asked for, jax has {jax.devices()}")
-    pytest.skip(
-        "needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
-        allow_module_level=True,
-    )
-
-DEVICES = np.array(jax.devices()[:8])
+DEVICES = sharded_devices(8)
 # Sizes such that no activation (or shard of one) has the size of a parameter or of a shard of one.
 BATCH, SEQ, H, INTER = 8, 5, 48, 96
 STRATEGIES = {
@@ -58,25 +51,10 @@ RECIPES = {
     "delayed": te_jax.recipe.DelayedScaling(),
     "current": te_jax.recipe.CurrentScaling(),
 }
-_COLLECTIVE = re.compile(
-    r"= (?P<type>\([^)]*\)|\S+) "
-    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
-)
-_SHAPE = re.compile(r"[a-z0-9]+\[([0-9,]*)\]")
 
 
 def _mesh(axes: dict[str, int]) -> Mesh:
     return Mesh(DEVICES.reshape(tuple(axes.values())), tuple(axes))
-
-
-def _collectives(text: str) -> list[tuple[str, tuple[int, ...]]]:
-    """(kind, result shape) of each collective in a compiled module, a combined (tuple)
-    collective counted once per element."""
-    out = []
-    for m in _COLLECTIVE.finditer(text):
-        for dims in _SHAPE.findall(m["type"]):
-            out.append((m["op"], tuple(int(d) for d in dims.split(",") if d)))
-    return out
 
 
 # ---- the two families' steps -----------------------------------------------------------------
@@ -254,7 +232,7 @@ def test_step_equals_unsharded(family, recipe, strategy, act):
 
     # Parameters and their shards by size (dense folds a gated kernel's (2, I) into 2I).
     param_sizes = {int(np.prod(a.shape)) // d for a in jax.tree.leaves(state) for d in (1, 2, 4, 8)}
-    colls = _collectives(text)
+    colls = hlo_collectives(text)
     data = [(op, s) for op, s in colls if s not in ((), (1,))]  # not an amax / scalar
     # No activation is ever all-gathered: every all-gather result is a parameter's shape.
     for op, s in data:
@@ -358,7 +336,7 @@ def test_sequence_parallel(recipe):
     _assert_step_equal(got, want, recipe, noise)
     act_size = x.size  # the block's activations (B, S, H), whole
     moved = [
-        (op, s) for op, s in _collectives(text) if int(np.prod(s)) in (act_size, act_size // 8)
+        (op, s) for op, s in hlo_collectives(text) if int(np.prod(s)) in (act_size, act_size // 8)
     ]
     kinds = sorted(op for op, _ in moved)
     assert kinds == ["all-gather"] * 4 + ["reduce-scatter"] * 4, moved

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import te_jax  # noqa: E402
-from helpers import te_jax_custom_calls  # noqa: E402
+from helpers import sharded_devices, te_jax_custom_calls  # noqa: E402
 from te_jax.quantize import (  # noqa: E402
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
@@ -32,12 +32,7 @@ from te_jax.quantize import (  # noqa: E402
     QuantizeLayout,
 )
 
-if len(jax.devices()) < 8:
-    if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
-        raise RuntimeError(f"8 devices were asked for, jax has {jax.devices()}")
-    pytest.skip("needs 8 devices", allow_module_level=True)
-
-DEVICES = np.array(jax.devices()[:8])
+DEVICES = sharded_devices(8)
 MESH_1D = Mesh(DEVICES, ("x",))
 MESH_2D = Mesh(DEVICES.reshape(4, 2), ("a", "b"))
 BOTH = QuantizeLayout.ROWWISE_COLWISE

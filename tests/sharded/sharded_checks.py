@@ -33,19 +33,12 @@ from helpers import (  # noqa: E402
     dz_shape,
     make_dz,
     make_x,
+    sharded_devices,
     te_jax_custom_calls,
     tol,
 )
 
-if len(jax.devices()) < 8:
-    if os.environ.get("TE_JAX_SHARDED_SUBPROCESS"):
-        raise RuntimeError(f"8 devices were asked for, jax has {jax.devices()}")
-    pytest.skip(
-        "needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
-        allow_module_level=True,
-    )
-
-DEVICES = np.array(jax.devices()[:8])
+DEVICES = sharded_devices(8)
 MESH_1D = Mesh(DEVICES, ("x",))
 MESH_2D = Mesh(DEVICES.reshape(4, 2), ("a", "b"))
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")

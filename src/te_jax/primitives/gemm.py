@@ -65,7 +65,7 @@ from te_jax import _ffi, reference
 from te_jax.dispatch import environment_implementation, use_ffi
 from te_jax.primitives import base
 from te_jax.primitives.gemm_epilogue import GemmEpilogue
-from te_jax.primitives.gemm_groups import grouped, groups, rhs_kd
+from te_jax.primitives.gemm_groups import arrange, grouped, groups, rhs_kd
 from te_jax.primitives.gemm_sharding import make_partitioned_gemm
 from te_jax.quantize import formats
 
@@ -255,49 +255,29 @@ def _kernel(
         )[0]
         dbias = jnp.sum(out.astype(_F32), axis=tuple(range(out.ndim - 1))).astype(out_dtype)
         return [out, dbias]
-    if np.dtype(lhs.dtype) in _FP8 and (k % FP8_ALIGNMENT or n % FP8_ALIGNMENT):
-        # A shard of a sharded FP8 GEMM whose K or N cuBLASLt's FP8 GEMM cannot take: the
-        # operands widened exactly to float32, the product in float32, scales and epilogue in
-        # JAX (the same math).
+    fp8 = np.dtype(lhs.dtype) in _FP8
+    misaligned = fp8 and (k % FP8_ALIGNMENT or n % FP8_ALIGNMENT)
+    if misaligned or (fp8 and np.dtype(out_dtype) == _F32 and bias.size):
+        # The float32 accumulator from the kernel, the bias and epilogue in JAX (exact: no
+        # rounding beyond float32). A shard of a sharded FP8 GEMM whose K or N cuBLASLt's FP8
+        # GEMM cannot take: the operands widened exactly to float32, scaled in JAX. A float32
+        # output with a bias (cuBLASLt's FP8 GEMM has no bias epilogue for it): scaled in the GEMM.
+        one, absent = jnp.ones((1,), _F32), jnp.zeros((0,), _F32)
+        if misaligned:
+            operands = (formats.to_float32(lhs), formats.to_float32(rhs), absent, absent, one, one)
+            scales = (lhs_scale_inv, rhs_scale_inv)
+        else:
+            operands = (lhs, rhs, absent, absent, lhs_scale_inv, rhs_scale_inv)
+            scales = (one, one)
         acc = _kernel(
-            formats.to_float32(lhs),
-            formats.to_float32(rhs),
-            jnp.zeros((0,), _F32),
-            jnp.zeros((0,), _F32),
-            jnp.ones((1,), _F32),
-            jnp.ones((1,), _F32),
+            *operands,
             **dict(params, epilogue=GemmEpilogue.DEFAULT, out_dtype=_F32, grad_bias=False),
         )[0]
         return _epilogue(
             acc,
             bias,
             aux,
-            lhs_scale_inv,
-            rhs_scale_inv,
-            epilogue=epilogue,
-            out_dtype=out_dtype,
-            grad_bias=grad_bias,
-            output_amax=False,
-        )
-    if np.dtype(lhs.dtype) in _FP8 and np.dtype(out_dtype) == _F32 and bias.size:
-        # cuBLASLt's FP8 GEMM has no bias epilogue for a float32 output: the scaled float32
-        # product from the kernel (exact: no rounding beyond float32), the rest in JAX.
-        acc = _kernel(
-            lhs,
-            rhs,
-            jnp.zeros((0,), _F32),
-            jnp.zeros((0,), _F32),
-            lhs_scale_inv,
-            rhs_scale_inv,
-            **dict(params, epilogue=GemmEpilogue.DEFAULT, grad_bias=False),
-        )[0]
-        one = jnp.ones((1,), _F32)
-        return _epilogue(
-            acc,
-            bias,
-            aux,
-            one,
-            one,
+            *scales,
             epilogue=epilogue,
             out_dtype=out_dtype,
             grad_bias=grad_bias,
@@ -767,10 +747,10 @@ def bind_gemm(
     else:
         g = _check_groups(lhs, rhs, lhs_trans, rhs_trans, k_ndim, n_ndim)
         # The dtype, rank and K / N rules on the folded (one-K, one-N) form.
-        fl = g.batch + ((g.k, g.m) if lhs_trans else (g.m, g.k))
-        fr = (() if g.shared_rhs else g.batch) + ((g.n, g.k) if rhs_trans else (g.k, g.n))
+        fl, fr, _ = arrange(g.batch, g.m, (g.k,), (g.n,), lhs_trans, rhs_trans, g.shared_rhs)
         sds = jax.ShapeDtypeStruct
-        fp8 = _check_operands(sds(fl, lhs.dtype), sds(fr, rhs.dtype), lhs_trans, rhs_trans)[-1]
+        fl, fr = sds(tuple(fl), lhs.dtype), sds(tuple(fr), rhs.dtype)
+        fp8 = _check_operands(fl, fr, lhs_trans, rhs_trans)[-1]
         batch, m, f = g.batch, g.m, g.f
     out_dt = _check_out_dtype(out_dtype, lhs.dtype, fp8)
     epilogue = _check_epilogue(epilogue, bias, aux, grad_bias, output_amax, fp8, lhs.dtype)

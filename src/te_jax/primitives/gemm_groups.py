@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from te_jax.primitives.gemm_epilogue import GemmEpilogue
 
-__all__ = ["Groups", "groups", "grouped"]
+__all__ = ["Groups", "groups", "arrange", "grouped"]
 
 
 class Groups(NamedTuple):
@@ -54,6 +54,15 @@ def groups(lhs_shape, rhs_shape, lhs_trans: bool, rhs_trans: bool, k_ndim: int, 
     return Groups(batch, m, kd, f, len(rhs_shape) == k_ndim + n_ndim)
 
 
+def arrange(batch, m, kd, f, lhs_trans: bool, rhs_trans: bool, shared_rhs: bool):
+    """``(lhs, rhs, out)`` as lists of per-axis entries (sizes, Shardy factor names or
+    PartitionSpec entries) from the groups': the inverse of ``groups``."""
+    batch, kd, f = list(batch), list(kd), list(f)
+    lhs = batch + (kd + [m] if lhs_trans else [m] + kd)
+    rhs = ([] if shared_rhs else batch) + (f + kd if rhs_trans else kd + f)
+    return lhs, rhs, batch + [m] + f
+
+
 def rhs_kd(rhs_shape, rhs_trans: bool, k_ndim: int, n_ndim: int) -> tuple[int, ...]:
     """rhs's contraction axes."""
     core = tuple(rhs_shape)[len(rhs_shape) - k_ndim - n_ndim :]
@@ -69,9 +78,8 @@ def grouped(fn: Callable) -> Callable:
             return fn(lhs, rhs, bias, aux, lhs_si, rhs_si, **params)
         lt, rt = params["lhs_trans"], params["rhs_trans"]
         g = groups(lhs.shape, rhs.shape, lt, rt, k_ndim, n_ndim)
-        lhs = lhs.reshape(g.batch + ((g.k, g.m) if lt else (g.m, g.k)))
-        rb = () if g.shared_rhs else g.batch
-        rhs = rhs.reshape(rb + ((g.n, g.k) if rt else (g.k, g.n)))
+        lhs_shape, rhs_shape, _ = arrange(g.batch, g.m, (g.k,), (g.n,), lt, rt, g.shared_rhs)
+        lhs, rhs = lhs.reshape(lhs_shape), rhs.reshape(rhs_shape)
         if bias.ndim == n_ndim and n_ndim > 1:  # present (absent is (0,))
             bias = bias.reshape(g.n)
         if aux.ndim == len(g.batch) + 1 + n_ndim and aux.ndim > 1:

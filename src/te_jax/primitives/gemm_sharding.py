@@ -30,7 +30,7 @@ from jax import lax
 
 from te_jax.primitives import base
 from te_jax.primitives.gemm_epilogue import GemmEpilogue
-from te_jax.primitives.gemm_groups import groups
+from te_jax.primitives.gemm_groups import arrange, groups
 
 __all__ = ["make_partitioned_gemm"]
 
@@ -47,41 +47,29 @@ _STATICS = (
 )
 
 
-def _sharding_rule(
-    lhs_trans,
-    rhs_trans,
-    epilogue,
-    out_dtype,
-    grad_bias,
-    output_amax,
-    split_accumulator,
-    k_ndim,
-    n_ndim,
-    mesh,
-    operand_types,
-    result_types,
-):
+def _sharding_rule(p: dict, operand_types):
+    """The Shardy rule: factors ``b…``, ``m``, ``k…`` (reduction factors), ``n…``."""
     lhs, rhs, bias, aux, ls, rs = (t.shape for t in operand_types)
-    nb = len(lhs) - 1 - k_ndim
-    shared = len(rhs) == k_ndim + n_ndim
-    b = [f"b{i}" for i in range(nb)]
+    k_ndim, n_ndim = p["k_ndim"], p["n_ndim"]
+    b = [f"b{i}" for i in range(len(lhs) - 1 - k_ndim)]
     k = [f"k{i}" for i in range(k_ndim)]
     n = [f"n{i}" for i in range(n_ndim)]
-    out = b + ["m"] + n
+    shared = len(rhs) == k_ndim + n_ndim
+    lhs_f, rhs_f, out = arrange(b, "m", k, n, p["lhs_trans"], p["rhs_trans"], shared)
     operands = [
-        b + (k + ["m"] if lhs_trans else ["m"] + k),
-        ([] if shared else b) + (n + k if rhs_trans else k + n),
+        lhs_f,
+        rhs_f,
         n if _bias_present(bias, n_ndim) else ["e0"] * len(bias),
-        out if epilogue == GemmEpilogue.DGELU else ["e1"] * len(aux),
+        out if p["epilogue"] == GemmEpilogue.DGELU else ["e1"] * len(aux),
         ["s0"] * len(ls),
         ["s1"] * len(rs),
     ]
     results = [out]
-    if epilogue == GemmEpilogue.GELU_AUX:
+    if p["epilogue"] == GemmEpilogue.GELU_AUX:
         results.append(out)
-    if grad_bias:
+    if p["grad_bias"]:
         results.append(n)
-    if output_amax:
+    if p["output_amax"]:
         results.append(["a0"])
     rule = (
         ", ".join(" ".join(f) for f in operands) + " -> " + ", ".join(" ".join(f) for f in results)
@@ -98,38 +86,22 @@ def _entry_axes(entry) -> tuple[str, ...]:
     return base.mesh_axes([entry])
 
 
-def _free(entry, used: set[str]):
-    """``entry`` if none of its mesh axes is in ``used``, else ``None`` (unsplit)."""
-    return entry if entry is not None and not (set(_entry_axes(entry)) & used) else None
-
-
-def _partition(
-    lhs_trans,
-    rhs_trans,
-    epilogue,
-    out_dtype,
-    grad_bias,
-    output_amax,
-    split_accumulator,
-    k_ndim,
-    n_ndim,
-    local,
-    mesh,
-    arg_shapes,
-    result_shape,
-):
+def _partition(p: dict, local, mesh, arg_shapes, result_shape):
+    lhs_trans, rhs_trans, epilogue = p["lhs_trans"], p["rhs_trans"], p["epilogue"]
+    grad_bias, k_ndim, n_ndim = p["grad_bias"], p["k_ndim"], p["n_ndim"]
+    out_dtype, output_amax = p["out_dtype"], p["output_amax"]
     lhs_t, rhs_t = arg_shapes[0], arg_shapes[1]
-    nb = lhs_t.ndim - 1 - k_ndim
-    shared = rhs_t.ndim == k_ndim + n_ndim
-    ls = base.spec_of(lhs_t, lhs_t.ndim)
-    rs = base.spec_of(rhs_t, rhs_t.ndim)
-    b = ls[:nb]
-    if lhs_trans:
-        k, m = ls[nb : nb + k_ndim], ls[-1]
-    else:
-        m, k = ls[nb], ls[nb + 1 :]
-    core = rs[rhs_t.ndim - k_ndim - n_ndim :]
-    n = core[:n_ndim] if rhs_trans else core[k_ndim:]
+    # The operands' PartitionSpec entries, grouped as their shapes are (gemm_groups).
+    entries = groups(
+        base.spec_of(lhs_t, lhs_t.ndim),
+        base.spec_of(rhs_t, rhs_t.ndim),
+        lhs_trans,
+        rhs_trans,
+        k_ndim,
+        n_ndim,
+    )
+    b, m, k, n = list(entries.batch), entries.m, list(entries.kd), list(entries.f)
+    nb = len(b)
     used = set(base.mesh_axes(b + [m]))
     n = _free_each(n, used)
     linear = epilogue == GemmEpilogue.DEFAULT and not grad_bias
@@ -164,9 +136,10 @@ def _partition(
     psum_axes = tuple(a for a in k_axes if scatter is None or a not in scatter[1])
 
     bias_present = _bias_present(arg_shapes[2].shape, n_ndim)
+    lhs_spec, rhs_spec, _ = arrange(b, m, k, n, lhs_trans, rhs_trans, entries.shared_rhs)
     arg_specs = [
-        b + (k + [m] if lhs_trans else [m] + k),
-        ([] if shared else list(b)) + (n + k if rhs_trans else k + n),
+        lhs_spec,
+        rhs_spec,
         n if bias_present else [None] * arg_shapes[2].ndim,
         out_spec if epilogue == GemmEpilogue.DGELU else [None] * arg_shapes[3].ndim,
         [None] * arg_shapes[4].ndim,
@@ -183,17 +156,7 @@ def _partition(
         out_shardings.append(base.named(mesh, [None]))
     row_axes = base.mesh_axes(b + [m])
     out_axes = base.mesh_axes(out_spec)
-    params = dict(
-        lhs_trans=lhs_trans,
-        rhs_trans=rhs_trans,
-        epilogue=epilogue,
-        out_dtype=out_dtype,
-        grad_bias=grad_bias,
-        output_amax=False,
-        split_accumulator=split_accumulator,
-        k_ndim=k_ndim,
-        n_ndim=n_ndim,
-    )
+    params = dict(p, output_amax=False)
 
     def lower(lhs, rhs, bias, aux, lhs_si, rhs_si):
         if k_axes and bias_present:
@@ -217,12 +180,13 @@ def _partition(
 
 
 def _free_each(entries, used: set[str]) -> list:
-    """Each entry kept where its mesh axes are not yet used (and then marked used)."""
+    """Each entry kept where none of its mesh axes is used yet (they are then), else ``None``
+    (unsplit)."""
     out = []
     for e in entries:
-        e = _free(e, used)
-        used |= set(_entry_axes(e))
-        out.append(e)
+        axes = set(_entry_axes(e))
+        out.append(e if axes and not axes & used else None)
+        used |= axes if out[-1] is not None else set()
     return out
 
 
@@ -257,6 +221,12 @@ def make_partitioned_gemm(local):
 
     def partition(*args):
         *statics, mesh, arg_shapes, result_shape = args
-        return _partition(*statics, local, mesh, arg_shapes, result_shape)
+        return _partition(
+            dict(zip(_STATICS, statics, strict=True)), local, mesh, arg_shapes, result_shape
+        )
 
-    return base.make_partitioned(impl, 6, _STATICS, partition, _sharding_rule)
+    def sharding_rule(*args):
+        *statics, _mesh, operand_types, _result_types = args
+        return _sharding_rule(dict(zip(_STATICS, statics, strict=True)), operand_types)
+
+    return base.make_partitioned(impl, 6, _STATICS, partition, sharding_rule)
