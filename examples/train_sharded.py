@@ -14,7 +14,9 @@ modules' parameter names to the mesh (``nn.logical_to_mesh`` for Linen,
 ``nnx.get_partition_spec`` under ``nnx.logical_axis_rules`` for NNX); the batch is split over
 the data axis; the step is one ``jax.jit`` with those shardings, traced under the mesh and the
 rules. Each run prints its loss, the collectives of the compiled step, and at the end compares
-the losses with the same steps on one device (``--check``, the default).
+the losses with the same steps on one device (``--check``, the default) and checks that every
+replicated array of the final state (parameters, optimizer moments, FP8 amax histories and
+scales) holds the same bytes on each device that holds a copy of it.
 """
 
 from __future__ import annotations
@@ -151,8 +153,30 @@ def collectives(text: str) -> str:
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
 
 
+def replicas_differ(state) -> tuple[int, list[str]]:
+    """``(copies compared, paths that differ)``: the shards of each array of ``state`` that
+    cover the same index (its replicas over the mesh axes it is not split over), compared byte
+    for byte."""
+    compared, bad = 0, []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        if not isinstance(leaf, jax.Array):
+            continue
+        copies: dict[str, bytes] = {}
+        for shard in leaf.addressable_shards:
+            key, data = str(shard.index), np.asarray(shard.data).tobytes()
+            if key in copies:
+                compared += 1
+                if copies[key] != data:
+                    bad.append(jax.tree_util.keystr(path))
+                    break
+            else:
+                copies[key] = data
+    return compared, bad
+
+
 def run(args, recipe_name: str, family: str, mesh: Mesh | None, resource: MeshResource):
-    """The losses of ``args.steps`` steps, sharded over ``mesh`` (or on one device)."""
+    """The losses of ``args.steps`` steps, sharded over ``mesh`` (or on one device), the step's
+    median ms, its collectives, and ``replicas_differ`` of the final state."""
     rng = np.random.default_rng(0)
     teacher = rng.standard_normal((args.hidden, args.hidden)) / np.sqrt(args.hidden)
     x = rng.standard_normal((args.batch, args.seq, args.hidden)).astype(np.float32)
@@ -187,7 +211,7 @@ def run(args, recipe_name: str, family: str, mesh: Mesh | None, resource: MeshRe
             if i % args.log_every == 0 or i == args.steps - 1:
                 print(f"  [{family} {recipe_name} {what}] step {i:3d}  loss {losses[-1]:.5f}")
     ms = 1e3 * float(np.median(times[1:])) if len(times) > 1 else float("nan")
-    return losses, ms, collectives(text)
+    return losses, ms, collectives(text), replicas_differ(state)
 
 
 class _MeshAndRules:
@@ -256,27 +280,30 @@ def main(argv=None) -> int:
     recipes = list(RECIPES) if args.recipe == "all" else [args.recipe]
     rows, bad = [], []
     for recipe in recipes:
-        losses, ms, colls = run(args, recipe, args.family, mesh, resource)
+        losses, ms, colls, (copies, differ) = run(args, recipe, args.family, mesh, resource)
         ref = run(args, recipe, args.family, None, resource)[0] if args.check else None
         diff = (
             None
             if ref is None
             else max(abs(a - b) / abs(b) for a, b in zip(losses, ref, strict=True))
         )
-        rows.append((recipe, losses[0], losses[-1], ms, diff, colls))
+        replicas = f"{len(differ)} DIFFER" if differ else f"{copies} equal"
+        rows.append((recipe, losses[0], losses[-1], ms, diff, replicas, colls))
         tol = 1e-2 if recipe == "bf16" else 5e-2
         if not losses[-1] < losses[0] or (diff is not None and diff > tol):
-            bad.append(recipe)
+            bad.append(f"{recipe}: the loss did not go down, or left the 1-device run's")
+        if differ:
+            bad.append(f"{recipe}: replicas differ between devices: {', '.join(differ[:5])}")
     print("\nsummary")
     print(
-        f"  {'recipe':8s} {'first':>9s} {'last':>9s} {'ms/step':>8s} {'vs 1 device':>11s}  "
-        "collectives"
+        f"  {'recipe':8s} {'first':>9s} {'last':>9s} {'ms/step':>8s} {'vs 1 device':>11s} "
+        f"{'replicas':>14s}  collectives"
     )
-    for recipe, first, last, ms, diff, colls in rows:
+    for recipe, first, last, ms, diff, replicas, colls in rows:
         d = "-" if diff is None else f"{diff:.1e}"
-        print(f"  {recipe:8s} {first:9.5f} {last:9.5f} {ms:8.2f} {d:>11s}  {colls}")
-    for recipe in bad:
-        print(f"ERROR: {recipe}: the loss did not go down, or left the 1-device run's")
+        print(f"  {recipe:8s} {first:9.5f} {last:9.5f} {ms:8.2f} {d:>11s} {replicas:>14s}  {colls}")
+    for line in bad:
+        print(f"ERROR: {line}")
     return 1 if bad else 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -90,3 +91,6 @@ def test_train_sharded_example(args):
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "summary" in proc.stdout
+    # Every recipe's replicas were compared (8 devices: each array has copies to compare).
+    summary = proc.stdout.split("summary")[-1]
+    assert re.search(r" [1-9][0-9]* equal ", summary), summary

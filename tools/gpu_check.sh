@@ -21,6 +21,11 @@
 #           Flax-native block and Flax fp8_ops), Markdown + JSON under $OUT/bench; MBENCH_ARGS adds
 #           options (e.g. "--blocks gelu --plot"); then the Flax rows again with Triton GEMMs off
 #           (Flax fp8_ops' best flags), into the same log
+# multi      on every GPU of the host (NCCL, NVLink multicast off): examples/train_sharded.py for
+#           DP, FSDP, TP and (4+ GPUs) DP x TP, each recipe, 20 steps checked against one GPU and
+#           the replicas compared, log in $OUT/multi.log; then the scaling benchmark
+#           (benchmarks/scaling.py, SCALING_ARGS adds options), Markdown + JSON + PNG under
+#           $OUT/bench, log in $OUT/scaling.log; MULTI_PARTS picks "train", "scaling" or both
 # gsanitize the GEMM handler under compute-sanitizer: tests/test_gemm_primitive.py (GSANITIZE_K: a -k expression)
 #           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
@@ -148,6 +153,29 @@ for stage in "$@"; do
       XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 -m benchmarks.mlp --out /tmp/mbench_flags \
         --rows flax:bf16,flax:fp8_ops $(echo ${MBENCH_ARGS:-} | sed 's/--plot//') >>"$OUT/mbench.log" 2>&1 || status=1
       tail -n 80 "$OUT/mbench.log"
+      ;;
+    multi)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      n=$(python3 -c "import jax; print(len(jax.devices()))")
+      if [[ " ${MULTI_PARTS:-train scaling} " == *" train "* ]]; then
+        meshes=("data=$n" "data=$n --fsdp" "tensor=$n" "tensor=$n --family nnx")
+        [ "$n" -ge 4 ] && meshes+=("data=2,tensor=$((n / 2))" "data=2,tensor=$((n / 2)) --sp")
+        for m in "${meshes[@]}"; do
+          stamp "train_sharded --mesh $m on $n GPUs"
+          # shellcheck disable=SC2086
+          python3 examples/train_sharded.py --mesh $m --recipe all --steps 20 >>"$OUT/multi.log" 2>&1 \
+            || { status=1; echo "FAILED: --mesh $m"; }
+          grep -A4 "^summary" "$OUT/multi.log" | tail -n 4
+        done
+        grep "^ERROR" "$OUT/multi.log"
+      fi
+      if [[ " ${MULTI_PARTS:-train scaling} " == *" scaling "* ]]; then
+        stamp "scaling benchmark on $n GPUs"
+        # shellcheck disable=SC2086
+        python3 -m benchmarks.scaling --out "$OUT/bench" --plot ${SCALING_ARGS:-} \
+          >"$OUT/scaling.log" 2>&1 || status=1
+        tail -n 50 "$OUT/scaling.log"
+      fi
       ;;
     dbench)
       stamp "dense benchmarks"
