@@ -53,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from te_jax import _ffi, reference
+from te_jax import _ffi, _varying, reference
 from te_jax.activation import act_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import check_input_dtype, environment_implementation
@@ -149,6 +149,8 @@ def dense(
     )
     if cfg.dtype == np.float64:
         return _dense_float64(x, kernel, bias, cfg)
+    # Inside shard_map: one varying-axes type for the differentiable operands (te_jax._varying).
+    x, kernel, bias = _varying.match(x, kernel, bias)
     return _dense(x, kernel, bias, quantizer_set, cfg)
 
 

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from te_jax import _varying
 from te_jax.activation import act_lu
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.primitives.gemm import GemmEpilogue, bind_gemm
@@ -132,6 +133,7 @@ def fused_mlp(
             h, kernel_2, bias_2, None, q2, implementation=implementation, kernel_axes=axes_2
         )
     dgelu = q1 is None and c1.kernel_gemm and c2.kernel_gemm and c1.act is ActivationType.GELU
+    x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
     return _mlp(x, k1, b1, k2, b2, q1, q2, _Config(c1, c2, dgelu))
 
 

@@ -260,46 +260,60 @@ def test_bad_mesh_is_refused():
         jax.jit(step, in_shardings=(None, bad, None)).lower(state, x, dy).compile()
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "current"])
+@pytest.mark.parametrize("recipe", ["bf16", "delayed", "current"])
 def test_shard_map_on_local_shards(recipe):
-    """A Megatron MLP written with shard_map: each device runs te_jax.dense on its local shards
-    (column parallel, then row parallel and an explicit psum); the sharded function and its
-    gradients (taken outside shard_map) equal the unsharded MLP's. shard_map takes
-    check_vma=False: te_jax's primitives do not carry varying-axis types yet."""
+    """A Megatron MLP written with shard_map (its default check_vma=True: te_jax's ops carry
+    varying-axes types): each device runs te_jax.dense on its local shards (column parallel,
+    then row parallel and an explicit psum). The sharded function and its gradients (taken
+    outside shard_map; the replicated weights' gradients summed over the data axis by JAX)
+    equal the unsharded MLP's. Delayed scaling: the next FP8 state (the quantizer sets'
+    cotangent) comes out replicated and equals the unsharded step's bitwise (each amax
+    max-reduced over the axes its tensor varies on)."""
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((16, H)), jnp.bfloat16)
     w1 = jnp.asarray(rng.standard_normal((H, INTER)) / np.sqrt(H), jnp.bfloat16)
     w2 = jnp.asarray(rng.standard_normal((INTER, H)) / np.sqrt(INTER), jnp.bfloat16)
-    qs = [te_jax.QuantizerSet.create(RECIPES[recipe]) for _ in range(2)]
+    qs = tuple(te_jax.QuantizerSet.create(RECIPES[recipe]) for _ in range(2))
+    if recipe == "delayed":  # scales from a past step, so the state's scale is used
+        qs = tuple(
+            te_jax.QuantizerSet(
+                x=s.x.update(jnp.float32(3.0)),
+                kernel=s.kernel.update(jnp.float32(0.5)),
+                grad=s.grad.update(jnp.float32(40.0)),
+            )
+            for s in qs
+        )
     mesh = _mesh({"data": 2, "tensor": 4})
 
-    def mlp(x, w1, w2):
+    def mlp(x, w1, w2, qs):
         h = te_jax.dense(x, w1, activation_type="gelu", quantizer_set=qs[0])
         return te_jax.dense(h, w2, quantizer_set=qs[1])
 
-    def local(x, w1, w2):
-        return jax.lax.psum(mlp(x, w1, w2), "tensor")  # the row-parallel GEMM's all-reduce
+    def local(x, w1, w2, qs):
+        return jax.lax.psum(mlp(x, w1, w2, qs), "tensor")  # the row-parallel GEMM's all-reduce
 
-    specs = (P("data", None), P(None, "tensor"), P("tensor", None))
-    sharded = jax.shard_map(
-        local, mesh=mesh, in_specs=specs, out_specs=P("data", None), check_vma=False
-    )
+    specs = (P("data", None), P(None, "tensor"), P("tensor", None), P())
+    sharded = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P("data", None))
 
     def loss(fn):
-        def f(w1, w2):
-            return jnp.sum(fn(x, w1, w2).astype(jnp.float32) ** 2)
+        def f(w1, w2, qs):
+            return jnp.sum(fn(x, w1, w2, qs).astype(jnp.float32) ** 2)
 
         return f
 
-    grads = jax.jit(jax.grad(loss(sharded), (0, 1)))(w1, w2)
-    out = jax.jit(sharded)(x, w1, w2)
-    want_out = jax.jit(mlp)(x, w1, w2)
-    want = jax.jit(jax.grad(loss(mlp), (0, 1)))(w1, w2)
+    grads = jax.jit(jax.grad(loss(sharded), (0, 1, 2)))(w1, w2, qs)
+    want = jax.jit(jax.grad(loss(mlp), (0, 1, 2)))(w1, w2, qs)
+    out, want_out = jax.jit(sharded)(x, w1, w2, qs), jax.jit(mlp)(x, w1, w2, qs)
     rtol = 2**-6 if recipe == "bf16" else 2**-3
-    for g, w in [(out, want_out), *zip(grads, want, strict=True)]:
+    for g, w in [(out, want_out), *zip(grads[:2], want[:2], strict=True)]:
         g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
         err = np.linalg.norm(g64 - w64) / np.linalg.norm(w64)
         assert err <= rtol, err
+    states = jax.tree.leaves(grads[2]), jax.tree.leaves(want[2])
+    assert len(states[0]) == len(states[1]) == (12 if recipe == "delayed" else 0)
+    for g, w in zip(*states, strict=True):
+        assert g.sharding.is_fully_replicated
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "delayed"])

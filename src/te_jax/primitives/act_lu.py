@@ -14,6 +14,7 @@ from jax.core import ShapedArray
 from jax.interpreters import batching
 
 from te_jax import reference
+from te_jax._varying import bind
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
 from te_jax.quantize.quantize_layout import QuantizeLayout
@@ -110,7 +111,7 @@ base.register_outer_rules(
 def _act_lu_batch(args, dims, *, act, params, output_amax):
     (x,), (d,) = args, dims
     x = jnp.moveaxis(x, d, 0)  # feature axes stay trailing: the batch axis becomes a row axis
-    (y,) = act_lu_p.bind(x, act=act, params=params, output_amax=False)
+    (y,) = bind(act_lu_p, x, act=act, params=params, output_amax=False)
     if not output_amax:
         return [y], [0]
     # One amax per batch element; rare (unquantized amax under vmap), so a second pass is fine.
@@ -127,4 +128,4 @@ def bind_act_lu(
     output_amax: bool = False,
 ) -> list[jax.Array]:
     """Binds the outer primitive: ``[y]``, or ``[y, amax]`` with ``output_amax``."""
-    return act_lu_p.bind(x, act=act, params=params, output_amax=output_amax)
+    return bind(act_lu_p, x, act=act, params=params, output_amax=output_amax)

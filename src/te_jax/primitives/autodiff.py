@@ -26,6 +26,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from te_jax import reference
+from te_jax._varying import bind
 from te_jax.primitives import base, dact_dbias
 from te_jax.primitives.act_lu import act_lu_p
 
@@ -55,8 +56,15 @@ def _tangent_transpose(ct, t, x, *, act, params):
         raise NotImplementedError("te_jax_act_lu_tangent is linear in its tangent only")
     if type(ct) is ad.Zero:
         return [ad.Zero(t.aval), None]
-    (dt,) = dact_dbias.dact_dbias_p.bind(
-        ct, x, act=act, params=params, is_dbias=False, n_batch=0, output_amax=False
+    (dt,) = bind(
+        dact_dbias.dact_dbias_p,
+        ct,
+        x,
+        act=act,
+        params=params,
+        is_dbias=False,
+        n_batch=0,
+        output_amax=False,
     )
     return [dt, None]
 
@@ -67,10 +75,10 @@ ad.primitive_transposes[act_lu_tangent_p] = _tangent_transpose
 def _tangent_jvp(primals, tangents, *, act, params):
     """Linear in ``t`` (the same primitive along ``ṫ``), plus ``∂/∂x`` along ``ẋ`` in pure JAX."""
     (t, x), (t_dot, x_dot) = primals, tangents
-    out = act_lu_tangent_p.bind(t, x, act=act, params=params)
+    out = bind(act_lu_tangent_p, t, x, act=act, params=params)
     parts = []
     if type(t_dot) is not ad.Zero:
-        parts.append(act_lu_tangent_p.bind(t_dot, x, act=act, params=params))
+        parts.append(bind(act_lu_tangent_p, t_dot, x, act=act, params=params))
     if type(x_dot) is not ad.Zero:
         along_x = lambda x: reference.act_lu_tangent(t, x, act, params)  # noqa: E731
         parts.append(jax.jvp(along_x, (x,), (x_dot,))[1])
@@ -84,7 +92,7 @@ def _tangent_batch(args, dims, *, act, params):
     # Elementwise over the rows: the batch axis goes to the front as one more row axis.
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     t, x = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True))
-    return act_lu_tangent_p.bind(t, x, act=act, params=params), 0
+    return bind(act_lu_tangent_p, t, x, act=act, params=params), 0
 
 
 batching.primitive_batchers[act_lu_tangent_p] = _tangent_batch
@@ -94,8 +102,8 @@ batching.primitive_batchers[act_lu_tangent_p] = _tangent_batch
 
 def _act_lu_jvp(primals, tangents, *, act, params, output_amax):
     (x,), (x_dot,) = primals, tangents
-    outs = act_lu_p.bind(x, act=act, params=params, output_amax=output_amax)
-    y_dot = act_lu_tangent_p.bind(ad.instantiate_zeros(x_dot), x, act=act, params=params)
+    outs = bind(act_lu_p, x, act=act, params=params, output_amax=output_amax)
+    y_dot = bind(act_lu_tangent_p, ad.instantiate_zeros(x_dot), x, act=act, params=params)
     if not output_amax:
         return outs, [y_dot]
     return outs, [y_dot, jax.jvp(base.amax, (outs[0],), (y_dot,))[1]]
@@ -107,7 +115,7 @@ ad.primitive_jvps[act_lu_p] = _act_lu_jvp
 
 
 def _dact_dbias_jvp(primals, tangents, **params):
-    outs = dact_dbias.dact_dbias_p.bind(*primals, **params)
+    outs = bind(dact_dbias.dact_dbias_p, *primals, **params)
     tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
     ref = functools.partial(dact_dbias.reference_results, **params)
     return outs, jax.jvp(ref, tuple(primals), tangents)[1]

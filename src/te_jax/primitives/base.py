@@ -28,6 +28,7 @@ from jax.interpreters import mlir, xla
 from jax.sharding import NamedSharding, PartitionSpec
 
 from te_jax._ffi import registered_platforms
+from te_jax._varying import bind
 from te_jax.activation_types import ActivationParams, ClampedSwiGLUParams
 
 # Lowering platforms te_jax has kernels for (when its extension is built).
@@ -213,6 +214,6 @@ for _platform in KERNEL_PLATFORMS:
 def ffi_call(target: str, results, *operands, **attrs) -> list[jax.Array]:
     """Calls the FFI ``target`` on ``operands``; ``results`` are ShapeDtypeStructs."""
     frozen_results = tuple((tuple(r.shape), np.dtype(r.dtype)) for r in results)
-    return _ffi_call_p.bind(
-        *operands, target=target, results=frozen_results, attrs=_freeze(dict(attrs))
+    return bind(
+        _ffi_call_p, *operands, target=target, results=frozen_results, attrs=_freeze(dict(attrs))
     )

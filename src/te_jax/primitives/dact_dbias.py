@@ -24,6 +24,7 @@ from jax.core import ShapedArray
 from jax.interpreters import batching
 
 from te_jax import reference
+from te_jax._varying import bind
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base, dbias_policy
 from te_jax.quantize.quantize_layout import QuantizeLayout
@@ -194,8 +195,15 @@ def _batch(args, dims, *, act, params, is_dbias, n_batch, output_amax):
     # becomes the first dbias batch axis.
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     dz, x = (batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True))
-    outs = dact_dbias_p.bind(
-        dz, x, act=act, params=params, is_dbias=is_dbias, n_batch=n_batch + 1, output_amax=False
+    outs = bind(
+        dact_dbias_p,
+        dz,
+        x,
+        act=act,
+        params=params,
+        is_dbias=is_dbias,
+        n_batch=n_batch + 1,
+        output_amax=False,
     )
     out_dims = [0] * len(outs)
     if output_amax:
@@ -216,6 +224,13 @@ def bind_dact_dbias(
     output_amax: bool = False,
 ) -> list[jax.Array]:
     """Binds the outer primitive: ``[dx, (dbias), (amax)]``."""
-    return dact_dbias_p.bind(
-        dz, x, act=act, params=params, is_dbias=is_dbias, n_batch=0, output_amax=output_amax
+    return bind(
+        dact_dbias_p,
+        dz,
+        x,
+        act=act,
+        params=params,
+        is_dbias=is_dbias,
+        n_batch=0,
+        output_amax=output_amax,
     )

@@ -62,6 +62,7 @@ from jax.core import ShapedArray
 from jax.interpreters import batching
 
 from te_jax import _ffi, reference
+from te_jax._varying import bind
 from te_jax.dispatch import environment_implementation, use_ffi
 from te_jax.primitives import base
 from te_jax.primitives.gemm_epilogue import GemmEpilogue
@@ -417,7 +418,7 @@ def _batch(args, dims, **params):
     if params["epilogue"] == GemmEpilogue.DGELU:
         aux = batching.bdim_at_front(aux, ad, size)
     params_no_amax = {**params, "output_amax": False}
-    outs = list(gemm_p.bind(lhs, rhs, bias, aux, lhs_si, rhs_si, **params_no_amax))
+    outs = list(bind(gemm_p, lhs, rhs, bias, aux, lhs_si, rhs_si, **params_no_amax))
     if params["output_amax"]:  # one amax per batch element, of the rounded out
         outs.append(base.amax(formats.to_float32(outs[0]), batch_axes=1))
     return outs, [0] * len(outs)
@@ -425,7 +426,7 @@ def _batch(args, dims, **params):
 
 def _bind_flat(*operands, **params):
     """``gemm_p`` on one-K, one-N operands."""
-    return gemm_p.bind(*operands, k_ndim=1, n_ndim=1, **params)
+    return bind(gemm_p, *operands, k_ndim=1, n_ndim=1, **params)
 
 
 def _batch_epilogue_outside(
@@ -455,7 +456,8 @@ def _batch_epilogue_outside(
     if np.dtype(lhs.dtype) in _HALF:  # the kernel writes float32 only from float32 operands
         lhs, rhs = formats.to_float32(lhs), formats.to_float32(rhs)
     one, absent = jnp.ones((1,), _F32), jnp.zeros((0,), _F32)
-    (acc,) = gemm_p.bind(
+    (acc,) = bind(
+        gemm_p,
         lhs,
         rhs,
         absent,
@@ -776,7 +778,7 @@ def bind_gemm(
     # under the kernel's custom_partitioning (the same collectives on every platform); the pure
     # path asked for ("xla") and float64 skip it.
     pure = (implementation or environment_implementation()) == "xla" or lhs.dtype == _F64
-    fn = gemm_p.bind if kernel or not pure else grouped(reference_results)
+    fn = functools.partial(bind, gemm_p) if kernel or not pure else grouped(reference_results)
     outs = iter(fn(*operands, **params))
     out = next(outs)
     return GemmResult(

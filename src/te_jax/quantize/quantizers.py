@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from te_jax import _varying
 from te_jax.quantize import formats, ieee
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.scaling_modes import ScalingMode
@@ -292,9 +293,11 @@ class DelayedScaleQuantizer(Quantizer):
 
         Args:
           amax: float32 ``()`` or ``(1,)``, e.g. ``ScaledTensor.amax`` (max-reduced over the
-            mesh axes the tensor is sharded on).
+            mesh axes the tensor is sharded on). Inside ``shard_map``, an amax that varies over
+            a mesh axis the state does not is max-reduced over it here, so the state stays the
+            same on every device.
         """
-        amax = jnp.asarray(amax, jnp.float32)
+        amax = _varying.max_over_extra_axes(jnp.asarray(amax, jnp.float32), self.amax_history)
         if amax.shape not in ((), (1,)):
             raise ValueError(
                 f"DelayedScaleQuantizer.update: amax must have shape () or (1,), got {amax.shape}"

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from jax.interpreters import batching
 
+from te_jax._varying import bind
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
 from te_jax.primitives.quantized.config import OpKind, QuantConfig
@@ -38,7 +39,8 @@ def _batch(args, dims, *, kind, act, params, cfg, is_dbias, batch_dims):
     """vmap: the batch axis becomes a new leading batch axis (one tensor per element)."""
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     args = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims, strict=True)]
-    outs = quantized_p.bind(
+    outs = bind(
+        quantized_p,
         *args,
         kind=kind,
         act=act,
@@ -68,7 +70,8 @@ def bind_quantized(
     scaling's scale (float32 ``()``; ones for the other modes). Per-tensor results have shape
     ``(1,)``.
     """
-    outs = quantized_p.bind(
+    outs = bind(
+        quantized_p,
         *operands,
         jnp.asarray(scale, jnp.float32).reshape(1),
         kind=kind,
