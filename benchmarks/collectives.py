@@ -49,8 +49,9 @@ STRATEGIES = {
 }
 SP_SEQ = 64  # the sequence length of the sequence-parallel row
 _KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+# The type may be a tuple (XLA:GPU combines collectives), with nested parentheses and comments.
 _CALL = re.compile(
-    r"= (?P<type>\([^)]*\)|\S+) (?P<op>" + "|".join(_KINDS) + r")(?:-start)?\((?P<args>[^)]*)\)"
+    r"= (?P<type>[^\n]*?) (?P<op>" + "|".join(_KINDS) + r")(?:-start)?\((?P<args>[^)]*)\)"
 )
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?P<type>\([^)]*\)|[^\s(]+)", re.M)
 _ARRAY = re.compile(r"(?P<dt>[a-z]+[0-9]*[a-z0-9]*)\[(?P<dims>[0-9,]*)\]")

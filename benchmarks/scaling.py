@@ -298,7 +298,7 @@ def trace_overlap(fn, steps: int) -> dict:
 def tp_analysis(n: int, shape: dict, args) -> dict:
     """The TP step's all-reduce bytes, the standalone all-reduce bandwidth, the step of one
     shard without communication, and the trace of the step (module docstring)."""
-    from benchmarks.collectives import measure
+    from benchmarks.collectives import _CALL, measure
 
     axes = {"tensor": n}
     mesh = _mesh(axes, jax.devices())
@@ -306,6 +306,14 @@ def tp_analysis(n: int, shape: dict, args) -> dict:
     tokens, hidden = shape["tokens"], shape["hidden"]
     step, state, sets = build_step("te:bf16", shape, mesh, resource, tokens)
     hlo_ar = measure(step.as_text()).get("all-reduce", {"bytes": 0, "count": 0})
+    # Each all-reduce's result type, te_jax's and the Flax-native step's.
+    reduces = {
+        row: [m["type"] for m in _CALL.finditer(text) if m["op"] == "all-reduce"]
+        for row, text in (
+            ("te:bf16", step.as_text()),
+            ("flax:bf16", build_step("flax:bf16", shape, mesh, resource, tokens)[0].as_text()),
+        )
+    }
 
     # One layer's all-reduce alone: (tokens, hidden) bf16 summed over the tensor axis.
     ar = jax.jit(
@@ -336,14 +344,16 @@ def tp_analysis(n: int, shape: dict, args) -> dict:
         "local_step": lambda i: local[0](local[1], *local[2][i]),
     }
     t = time_functions(fns, [(0,), (1,)], reps=args.reps, target_s=args.target_ms / 1e3)
-    # At most 100 calls in flight: XLA:CPU's in-process collectives can starve with thousands.
+    # XLA:CPU's in-process collectives can wait forever with calls of a lone all-reduce queued
+    # behind each other: there, one call at a time.
+    cpu = jax.default_backend() == "cpu"
     t.update(
         time_functions(
             {"all_reduce": ar},
             ar_sets,
             reps=args.reps,
             target_s=args.target_ms / 1e3,
-            max_inner=100,
+            max_inner=1 if cpu else 2000,
         )
     )
     ar_bytes = tokens * hidden * 2
@@ -360,6 +370,7 @@ def tp_analysis(n: int, shape: dict, args) -> dict:
         "one_all_reduce_ms": ar_ms,
         "bus_GBps": bus,
         "predicted_comm_ms": hlo_ar["bytes"] / ar_bytes * ar_ms,
+        "all_reduce_types": reduces,
         "trace": trace,
     }
     g = trace.get("per_gpu", {})
@@ -415,6 +426,8 @@ def markdown(result: dict) -> str:
             f"({tp['bus_GBps']:.1f} GB/s bus bandwidth), so the step's all-reduces are "
             f"{tp['predicted_comm_ms']:.2f} ms at that bandwidth",
         ]
+        for row, types in tp["all_reduce_types"].items():
+            out.append(f"- {row}'s all-reduces: " + ("; ".join(f"`{t}`" for t in types) or "none"))
         if "trace_comm_ms" in tp:
             bus = tp.get("trace_bus_GBps")
             out.append(

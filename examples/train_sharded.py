@@ -44,8 +44,8 @@ RECIPES = {
     "delayed": te_jax.recipe.DelayedScaling(),
     "current": te_jax.recipe.CurrentScaling(),
 }
-_COLLECTIVE = re.compile(
-    r"= (?:\([^)]*\)|\S+) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+_COLLECTIVE = re.compile(  # the result type may be a tuple (XLA:GPU combines collectives)
+    r"= [^\n]*? (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
     r"(?:-start)?\("
 )
 
