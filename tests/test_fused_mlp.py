@@ -241,7 +241,9 @@ def test_compiled_step_kernels(recipe, rng):
 @pytest.mark.parametrize("recipe", ["bf16", "current"])
 def test_vmap_scan_remat(recipe, rng):
     """vmap over a batch axis equals the unbatched op on each slice; lax.scan over two layers
-    and jax.checkpoint give the same gradients as the plain loop."""
+    and jax.checkpoint give the same gradients as the plain loop. Bitwise, except vmap under
+    FP8 on te_jax_gemm: the batch folds into M, cuBLASLt picks its FP8 kernel (and its
+    accumulation order) by shape, and one h rounded differently can change its FP8 code."""
     act = ACT_BY_ALIAS["swiglu"]
     x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(2, 16))
     qs = _sets(RECIPES[recipe])
@@ -250,8 +252,9 @@ def test_vmap_scan_remat(recipe, rng):
         return fused_mlp(x, k1, k2, b1, b2, names(act), qs)
 
     batched = jax.jit(jax.vmap(out, (0, None, None, None, None)))(x, k1, b1, k2, b2)
+    exact = recipe == "bf16" or not do.KERNEL_GEMM
     for i in range(x.shape[0]):
-        np.testing.assert_array_equal(batched[i], out(x[i], k1, b1, k2, b2))
+        _assert_close(batched[i], out(x[i], k1, b1, k2, b2), exact, 2**-5, f"vmap element {i}")
 
     def loss(params, x, remat):
         def layer(h, p):

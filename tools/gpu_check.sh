@@ -7,7 +7,8 @@
 #           changed since, they are copied over the installed package instead (seconds, not minutes)
 # test      the full pytest suite (the same files CI runs on the CPU); PYTEST_ARGS picks a part
 #           (a device call is limited to 600 s: split the suite across calls); PYTEST_JOBS=n deals
-#           the collected tests to n pytest processes sharing the GPU
+#           the collected tests to n pytest processes sharing the GPU; PYTEST_PART / PYTEST_ALSO
+#           rerun the processes a cut-short run did not finish (see the stage)
 # sanitize  the standalone kernel test, plain and under compute-sanitizer (memcheck, racecheck,
 #           initcheck, synccheck); reuses the native build of a preceding `ab` stage
 # ab        A/B of the native kernels: the ffi/ tree under $AB_OLD (an older revision, e.g.
@@ -89,6 +90,16 @@ for stage in "$@"; do
         # shellcheck disable=SC2086
         python3 -m pytest -q -p no:cacheprovider --collect-only ${PYTEST_ARGS:-tests} 2>/dev/null \
           | grep "::" > /tmp/te_jax_ids || { echo "collection failed"; status=1; continue; }
+        if [ -n "${PYTEST_PART:-}" ]; then
+          # A part of a run cut short: PYTEST_PART="a-b/n" keeps the ids whose line number % n is in
+          # a..b (the processes a..b of an n-process run, which deals the same way); PYTEST_ALSO
+          # adds ids (space separated).
+          IFS='-/' read -r pa pb pn <<<"$PYTEST_PART"
+          awk -v a="$pa" -v b="$pb" -v n="$pn" '((NR % n) >= a) && ((NR % n) <= b)' /tmp/te_jax_ids \
+            > /tmp/te_jax_ids_part
+          for id in ${PYTEST_ALSO:-}; do echo "$id"; done >> /tmp/te_jax_ids_part
+          mv /tmp/te_jax_ids_part /tmp/te_jax_ids
+        fi
         echo "$(wc -l < /tmp/te_jax_ids) tests collected"
         pids=()
         for j in $(seq 0 $((jobs - 1))); do
