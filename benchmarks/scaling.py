@@ -258,9 +258,9 @@ def _intersection(u: list[tuple[int, int]], v: list[tuple[int, int]]) -> int:
 
 
 def trace_overlap(fn, steps: int) -> dict:
-    """Profiles ``steps`` calls of ``fn()``; per GPU, per step: the NCCL kernels' time
-    (``comm_ms``), the part of it during which a compute kernel also runs (``overlap_ms``), and
-    the compute kernels' busy time (``compute_ms``)."""
+    """Profiles ``steps`` calls of ``fn()``; per GPU, per step: the NCCL kernels run
+    (``comm_kernels``), their time (``comm_ms``), the part of it during which a compute kernel
+    also runs (``overlap_ms``), and the compute kernels' busy time (``compute_ms``)."""
     from jax.profiler import ProfileData
 
     jax.block_until_ready(fn())
@@ -288,6 +288,7 @@ def trace_overlap(fn, steps: int) -> dict:
                 (comm if "nccl" in e.name.lower() else comp).append(iv)
         cu, ku = _union(comm), _union(comp)
         per_gpu[plane.name] = {
+            "comm_kernels": len(comm) / steps,
             "comm_ms": _length(cu) / 1e6 / steps,
             "overlap_ms": _intersection(cu, ku) / 1e6 / steps,
             "compute_ms": _length(ku) / 1e6 / steps,
@@ -295,10 +296,25 @@ def trace_overlap(fn, steps: int) -> dict:
     return {"per_gpu": per_gpu, "lines": sorted(lines_seen)}
 
 
+def _all_reduce_lines(text: str) -> list[str]:
+    """``computation: instruction`` of each all-reduce in compiled HLO text (to tell an async
+    wrapper's body from the ENTRY's own instructions)."""
+    from benchmarks.collectives import _CALL
+
+    out, comp = [], "?"
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            comp = line.split("(")[0].split()[-1]
+        m = _CALL.search(line)
+        if m and m["op"] == "all-reduce":
+            out.append(f"{comp}: {line.strip()[:200]}")
+    return out
+
+
 def tp_analysis(n: int, shape: dict, args) -> dict:
     """The TP step's all-reduce bytes, the standalone all-reduce bandwidth, the step of one
     shard without communication, and the trace of the step (module docstring)."""
-    from benchmarks.collectives import _CALL, measure
+    from benchmarks.collectives import measure
 
     axes = {"tensor": n}
     mesh = _mesh(axes, jax.devices())
@@ -308,7 +324,7 @@ def tp_analysis(n: int, shape: dict, args) -> dict:
     hlo_ar = measure(step.as_text()).get("all-reduce", {"bytes": 0, "count": 0})
     # Each all-reduce's result type, te_jax's and the Flax-native step's.
     reduces = {
-        row: [m["type"] for m in _CALL.finditer(text) if m["op"] == "all-reduce"]
+        row: _all_reduce_lines(text)
         for row, text in (
             ("te:bf16", step.as_text()),
             ("flax:bf16", build_step("flax:bf16", shape, mesh, resource, tokens)[0].as_text()),
@@ -377,6 +393,7 @@ def tp_analysis(n: int, shape: dict, args) -> dict:
     if g:
         comm = float(np.mean([v["comm_ms"] for v in g.values()]))
         ovl = float(np.mean([v["overlap_ms"] for v in g.values()]))
+        out["trace_comm_kernels"] = float(np.mean([v["comm_kernels"] for v in g.values()]))
         out["trace_comm_ms"] = comm
         out["trace_overlap_ms"] = ovl
         out["trace_exposed_ms"] = comm - ovl
@@ -426,12 +443,14 @@ def markdown(result: dict) -> str:
             f"({tp['bus_GBps']:.1f} GB/s bus bandwidth), so the step's all-reduces are "
             f"{tp['predicted_comm_ms']:.2f} ms at that bandwidth",
         ]
-        for row, types in tp["all_reduce_types"].items():
-            out.append(f"- {row}'s all-reduces: " + ("; ".join(f"`{t}`" for t in types) or "none"))
+        for row, lines in tp["all_reduce_types"].items():
+            out.append(f"- {row}'s all-reduces ({len(lines)}):")
+            out += [f"  - `{line}`" for line in lines]
         if "trace_comm_ms" in tp:
             bus = tp.get("trace_bus_GBps")
             out.append(
-                f"- trace (mean over GPUs, per step): NCCL kernels {tp['trace_comm_ms']:.2f} ms"
+                f"- trace (mean over GPUs, per step): {tp['trace_comm_kernels']:.1f} NCCL kernels, "
+                f"{tp['trace_comm_ms']:.2f} ms"
                 + (f" ({bus:.0f} GB/s bus bandwidth)" if bus else "")
                 + f", of which {tp['trace_overlap_ms']:.2f} ms overlap a compute kernel; "
                 f"exposed {tp['trace_exposed_ms']:.2f} ms = "
