@@ -10,9 +10,11 @@ Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GE
 parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
-jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, the loss
-``sum(out · dy)`` and its gradients with respect to x, every parameter and (FP8 rows) the FP8
-state, whose "gradient" is the next state.
+jitted, default XLA flags. ``te_linen:bf16_dact`` is ``te_linen:bf16`` with the GELU backward in
+a separate dact pass instead of the dgrad GEMM's DGELU epilogue (an A/B of that fusion; the
+same where te_jax's GEMM does not run). Every row computes the same step: ``out = block(x)``,
+the loss ``sum(out · dy)`` and its gradients with respect to x, every parameter and (FP8 rows)
+the FP8 state, whose "gradient" is the next state.
 
 Per row: ms per step (median of ``--reps`` samples; samples of all rows interleaved, inputs
 rotated over 2 sets), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``: three GEMMs of each of
@@ -25,7 +27,9 @@ the same block, and the step's peak device memory as XLA's compiled memory analy
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import importlib
 import json
 import os
 import platform
@@ -46,6 +50,7 @@ ROWS = (
     "flax:bf16",
     "flax:fp8_ops",
     "te_linen:bf16",
+    "te_linen:bf16_dact",
     "te_linen:delayed",
     "te_linen:current",
     "te_nnx:bf16",
@@ -66,6 +71,7 @@ WANTED = {
 def _recipe(te_jax, name: str):
     return {
         "bf16": None,
+        "bf16_dact": None,
         "delayed": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
     }[name]
@@ -92,6 +98,18 @@ def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
     return FlaxMLP()
 
 
+@contextlib.contextmanager
+def _dgelu_epilogue(on: bool):
+    """While tracing: te_jax.fused_mlp's bf16 GELU backward in the dgrad GEMM's DGELU epilogue
+    (``te_linen:bf16``) or in a separate dact pass (``te_linen:bf16_dact``, the A/B row)."""
+    mod = importlib.import_module("te_jax.fused_mlp")  # te_jax.fused_mlp is also the function
+    before, mod._DGELU_EPILOGUE = mod._DGELU_EPILOGUE, on
+    try:
+        yield
+    finally:
+        mod._DGELU_EPILOGUE = before
+
+
 def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
     """``(state, step)``: ``step(state, x, dy)`` returns ``sum(block(x) · dy)`` and its
     gradients with respect to (state, x); ``state`` holds the parameters and any FP8 state."""
@@ -115,9 +133,11 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
             return_layernorm_output=False,
         )
         state = jax.tree.map(lambda a: a, m.init(key, x0))
+        dgelu = prec != "bf16_dact"
 
         def out(state, x):
-            return m.apply(state, x)[0]
+            with _dgelu_epilogue(dgelu):
+                return m.apply(state, x)[0]
 
     else:
         from flax import nnx

@@ -46,6 +46,9 @@ __all__ = ["fused_mlp"]
 _dense = importlib.import_module("te_jax.dense")
 
 _WHERE = "te_jax.fused_mlp"
+# bf16 GELU on te_jax's GEMM: the backward's gelu'(h) and dbias_1 in the DGELU epilogue of
+# kernel_2's dgrad GEMM. False: a separate dact pass (benchmarks/mlp.py's A/B row sets it).
+_DGELU_EPILOGUE = True
 _LAST = ((-1,), (0,))
 
 
@@ -132,7 +135,13 @@ def fused_mlp(
         return _dense.dense(
             h, kernel_2, bias_2, None, q2, implementation=implementation, kernel_axes=axes_2
         )
-    dgelu = q1 is None and c1.kernel_gemm and c2.kernel_gemm and c1.act is ActivationType.GELU
+    dgelu = (
+        _DGELU_EPILOGUE
+        and q1 is None
+        and c1.kernel_gemm
+        and c2.kernel_gemm
+        and c1.act is ActivationType.GELU
+    )
     x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
     return _mlp(x, k1, b1, k2, b2, q1, q2, _Config(c1, c2, dgelu))
 
