@@ -9,6 +9,8 @@ whole cross product compiles in a few dozen programs.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -175,9 +177,15 @@ def test_quantize_with_two_feature_axes(mode, q_dtype, rng):
     copies and scales of x's shape; the kernel path equals the pure-JAX one."""
     x = jnp.asarray(rng.standard_normal((64, 2, 32)) * 10, jnp.bfloat16)
     q = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
-    for impl in ("ffi", "xla"):
+
+    @functools.partial(jax.jit, static_argnums=1)  # one compilation, not one per eager op
+    def both(x, impl):
         got = te_jax.quantize(x, q, implementation=impl, n_feature_axes=2)
         flat = te_jax.quantize(x.reshape(64, 64), q, implementation=impl)
+        return got, flat, got.dequantize(), flat.dequantize()
+
+    for impl in ("ffi", "xla"):
+        got, flat, got_dq, flat_dq = both(x, impl)
         assert got.data.shape == x.shape and got.n_feature_axes == 2
         np.testing.assert_array_equal(_bits(got.data.reshape(64, 64)), _bits(flat.data))
         if mode in ("delayed", "current"):
@@ -186,8 +194,7 @@ def test_quantize_with_two_feature_axes(mode, q_dtype, rng):
                 _bits(got.colwise_data.reshape(64, 64)), _bits(flat.colwise_data)
             )
         np.testing.assert_array_equal(
-            np.asarray(got.dequantize(), np.float32).reshape(64, 64),
-            np.asarray(flat.dequantize(), np.float32),
+            np.asarray(got_dq, np.float32).reshape(64, 64), np.asarray(flat_dq, np.float32)
         )
     with pytest.raises(ValueError, match="n_feature_axes"):
         te_jax.quantize(x, q, n_feature_axes=3)
