@@ -322,7 +322,7 @@ def tp_analysis(n: int, shape: dict, args) -> dict:
     tokens, hidden = shape["tokens"], shape["hidden"]
     step, state, sets = build_step("te:bf16", shape, mesh, resource, tokens)
     hlo_ar = measure(step.as_text()).get("all-reduce", {"bytes": 0, "count": 0})
-    # Each all-reduce's result type, te_jax's and the Flax-native step's.
+    # Each all-reduce instruction, te_jax's and the Flax-native step's.
     reduces = {
         row: _all_reduce_lines(text)
         for row, text in (
@@ -386,7 +386,7 @@ def tp_analysis(n: int, shape: dict, args) -> dict:
         "one_all_reduce_ms": ar_ms,
         "bus_GBps": bus,
         "predicted_comm_ms": hlo_ar["bytes"] / ar_bytes * ar_ms,
-        "all_reduce_types": reduces,
+        "all_reduce_lines": reduces,
         "trace": trace,
     }
     g = trace.get("per_gpu", {})
@@ -443,7 +443,7 @@ def markdown(result: dict) -> str:
             f"({tp['bus_GBps']:.1f} GB/s bus bandwidth), so the step's all-reduces are "
             f"{tp['predicted_comm_ms']:.2f} ms at that bandwidth",
         ]
-        for row, lines in tp["all_reduce_types"].items():
+        for row, lines in tp["all_reduce_lines"].items():
             out.append(f"- {row}'s all-reduces ({len(lines)}):")
             out += [f"  - `{line}`" for line in lines]
         if "trace_comm_ms" in tp:
