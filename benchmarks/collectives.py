@@ -39,6 +39,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from te_jax.sharding import hlo_collectives
+
 STRATEGIES = {
     "dp": {"data": 8},
     "fsdp": {"data": 8},
@@ -48,11 +50,6 @@ STRATEGIES = {
     "fsdp_tp": {"data": 2, "tensor": 4},
 }
 SP_SEQ = 64  # the sequence length of the sequence-parallel row
-_KINDS = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-# The type may be a tuple (XLA:GPU combines collectives), with nested parentheses and comments.
-_CALL = re.compile(
-    r"= (?P<type>[^\n]*?) (?P<op>" + "|".join(_KINDS) + r")(?:-start)?\((?P<args>[^)]*)\)"
-)
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+) = (?P<type>\([^)]*\)|[^\s(]+)", re.M)
 _ARRAY = re.compile(r"(?P<dt>[a-z]+[0-9]*[a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
 _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f8e4m3fn": 1, "f8e5m2": 1, "s32": 4, "u32": 4}
@@ -72,13 +69,11 @@ def measure(text: str) -> dict:
     types = {m["name"]: m["type"] for m in _DEF.finditer(text)}
     out: dict = {}
     scalars = 0
-    for m in _CALL.finditer(text):
-        op = m["op"]
+    for op, result_type, operands in hlo_collectives(text):
         if op == "reduce-scatter":  # the whole tensor is the operand
-            names = [a.strip().lstrip("%") for a in m["args"].split(",") if a.strip()]
-            arrays = [x for n in names for x in _arrays(types.get(n, ""))]
+            arrays = [x for n in operands for x in _arrays(types.get(n, ""))]
         else:
-            arrays = _arrays(m["type"])
+            arrays = _arrays(result_type)
         for dt, n in arrays:
             if n <= 1:
                 scalars += 1

@@ -299,14 +299,13 @@ def trace_overlap(fn, steps: int) -> dict:
 def _all_reduce_lines(text: str) -> list[str]:
     """``computation: instruction`` of each all-reduce in compiled HLO text (to tell an async
     wrapper's body from the ENTRY's own instructions)."""
-    from benchmarks.collectives import _CALL
+    from te_jax.sharding import hlo_collectives
 
     out, comp = [], "?"
     for line in text.splitlines():
         if line and not line[0].isspace() and line.rstrip().endswith("{"):
             comp = line.split("(")[0].split()[-1]
-        m = _CALL.search(line)
-        if m and m["op"] == "all-reduce":
+        if any(kind == "all-reduce" for kind, _, _ in hlo_collectives(line)):
             out.append(f"{comp}: {line.strip()[:200]}")
     return out
 

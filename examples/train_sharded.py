@@ -22,7 +22,6 @@ scales) holds the same bytes on each device that holds a copy of it.
 from __future__ import annotations
 
 import argparse
-import re
 import time
 
 import flax.linen as nn
@@ -37,17 +36,13 @@ from jax.sharding import PartitionSpec as P
 import te_jax
 import te_jax.flax as tef
 from te_jax import nnx as tnnx
-from te_jax.sharding import MeshResource, parse_mesh
+from te_jax.sharding import MeshResource, hlo_collectives, parse_mesh
 
 RECIPES = {
     "bf16": None,
     "delayed": te_jax.recipe.DelayedScaling(),
     "current": te_jax.recipe.CurrentScaling(),
 }
-_COLLECTIVE = re.compile(  # the result type may be a tuple (XLA:GPU combines collectives)
-    r"= [^\n]*? (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
-    r"(?:-start)?\("
-)
 
 
 class LinenStack(nn.Module):
@@ -148,7 +143,7 @@ def nnx_state(args, recipe, x0, rules):
 
 def collectives(text: str) -> str:
     counts: dict[str, int] = {}
-    for op in _COLLECTIVE.findall(text):
+    for op, _, _ in hlo_collectives(text):
         counts[op] = counts.get(op, 0) + 1
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
 

@@ -233,20 +233,18 @@ def sharded_devices(n: int = 8) -> np.ndarray:
     return np.array(jax.devices()[:n])
 
 
-_COLLECTIVE_RE = re.compile(
-    r"= (?P<type>\([^)]*\)|\S+) "
-    r"(?P<op>all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\("
-)
 _ARRAY_RE = re.compile(r"[a-z0-9]+\[([0-9,]*)\]")
 
 
 def hlo_collectives(text: str) -> list[tuple[str, tuple[int, ...]]]:
     """``(kind, result shape)`` of each collective in a compiled HLO module's text, a combined
     (tuple) collective once per element."""
+    from te_jax.sharding import hlo_collectives as parse  # here: this module imports no te_jax
+
     out = []
-    for m in _COLLECTIVE_RE.finditer(text):
-        for dims in _ARRAY_RE.findall(m["type"]):
-            out.append((m["op"], tuple(int(d) for d in dims.split(",") if d)))
+    for op, result_type, _ in parse(text):
+        for dims in _ARRAY_RE.findall(result_type):
+            out.append((op, tuple(int(d) for d in dims.split(",") if d)))
     return out
 
 

@@ -116,3 +116,28 @@ def test_kernel_axes_are_checked():
     with pytest.raises(ValueError, match="kernel_axes must name each of the 2 axes"):
         te_jax.dense(x, w, kernel_axes=("embed",))
     assert te_jax.dense(x, w, kernel_axes=("embed", "mlp")).shape == (4, 16)
+
+
+def test_hlo_collectives_reads_combined_and_async_collectives():
+    """te_jax.sharding.hlo_collectives: a combined (tuple, with XLA's index comments) async
+    all-reduce once, a plain one, a reduce-scatter's operands; other instructions not at all."""
+    from te_jax.sharding import hlo_collectives
+
+    text = "\n".join(
+        [
+            "  %ars = ((f32[4,8]{1,0}, bf16[16]{0}), /*index=1*/f32[2]{0}) "
+            "all-reduce-start(%a, %b), replica_groups={{0,1}}",
+            "  %ard = (f32[4,8]{1,0}, bf16[16]{0}) all-reduce-done(%ars)",
+            "  ROOT %x = f32[8]{0} all-reduce(%c), to_apply=%sum",
+            "  %rs = bf16[4,8]{1,0} reduce-scatter(%d), dimensions={0}",
+            "  %f = f32[8]{0} fusion(%x), kind=kLoop, calls=%fused",
+        ]
+    )
+    got = hlo_collectives(text)
+    assert [(k, ops) for k, _, ops in got] == [
+        ("all-reduce", ("a", "b")),
+        ("all-reduce", ("c",)),
+        ("reduce-scatter", ("d",)),
+    ]
+    assert got[0][1] == "((f32[4,8]{1,0}, bf16[16]{0}), /*index=1*/f32[2]{0})"
+    assert got[2][1] == "bf16[4,8]{1,0}"

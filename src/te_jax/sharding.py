@@ -36,6 +36,7 @@ GEMM, and its gradient reduce-scattered.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ __all__ = [
     "parse_mesh",
     "logical_constraint",
     "sequence_parallel",
+    "hlo_collectives",
 ]
 
 # The logical axis names te_jax's modules and examples use.
@@ -206,3 +208,37 @@ def _split(x):
 
 _gather.defvjp(lambda x: (_gather(x), None), lambda _, g: (logical_constraint(g, _SPLIT),))
 _split.defvjp(lambda x: (_split(x), None), lambda _, g: (logical_constraint(g, _WHOLE),))
+
+
+_COLLECTIVE_KINDS = (
+    "all-gather",
+    "all-reduce",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+)
+# "name = TYPE KIND(ARGS)"; TYPE may be a tuple (XLA:GPU combines collectives), nested and with
+# /*index=N*/ comments, so it is everything between "= " and the kind.
+_COLLECTIVE = re.compile(
+    r"= (?P<type>[^\n]*?) (?P<kind>"
+    + "|".join(_COLLECTIVE_KINDS)
+    + r")(?:-start)?\((?P<args>[^)]*)\)"
+)
+
+
+def hlo_collectives(hlo_text: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """``(kind, result type, operand names)`` of each collective in compiled HLO text, e.g.
+    ``jax.jit(step).lower(*args).compile().as_text()``: what a sharded step communicates.
+
+    Kinds: ``all-gather``, ``all-reduce``, ``reduce-scatter``, ``all-to-all``,
+    ``collective-permute`` (an async ``-start`` counted once, under its kind). The result type
+    is HLO's text (a tuple for a combined collective), the operands their names without ``%``.
+    """
+    return [
+        (
+            m["kind"],
+            m["type"],
+            tuple(a.strip().lstrip("%") for a in m["args"].split(",") if a.strip()),
+        )
+        for m in _COLLECTIVE.finditer(hlo_text)
+    ]
