@@ -6,9 +6,10 @@
 #           already has a te_jax with the CUDA extension from this tree; where only Python sources
 #           changed since, they are copied over the installed package instead (seconds, not minutes)
 # test      the full pytest suite (the same files CI runs on the CPU); PYTEST_ARGS picks a part
-#           (a device call is limited to 600 s: split the suite across calls); PYTEST_JOBS=n deals
-#           the collected tests to n pytest processes sharing the GPU; PYTEST_PART / PYTEST_ALSO
-#           rerun the processes a cut-short run did not finish (see the stage)
+#           (a device call is limited to 600 s); PYTEST_JOBS=n deals the collected tests to n
+#           pytest processes sharing the GPU (the GPUs, dealt round-robin); PYTEST_DEADLINE=s stops them s seconds after the
+#           script started and lists the tests not run in $OUT/notrun.txt, which PYTEST_IDS=<file>
+#           runs in the next call; XLA's GEMM autotuning is off (PYTEST_XLA_FLAGS= to keep it)
 # sanitize  the standalone kernel test, plain and under compute-sanitizer (memcheck, racecheck,
 #           initcheck, synccheck); reuses the native build of a preceding `ab` stage
 # ab        A/B of the native kernels: the ffi/ tree under $AB_OLD (an older revision, e.g.
@@ -78,44 +79,56 @@ for stage in "$@"; do
     test)
       stamp "pytest ${PYTEST_ARGS:-tests} in ${PYTEST_JOBS:-1} process(es)"
       # faulthandler_timeout: a test stuck for 300 s dumps every thread's stack into the log.
-      popts=(-q -p no:cacheprovider --maxfail=20 -rf --durations=5 -o faulthandler_timeout=300)
+      # -v: one line per finished test, so a run cut short still says which tests it ran.
+      popts=(-v -p no:cacheprovider --maxfail=20 -rfE --durations=5 -o faulthandler_timeout=300)
+      # XLA's autotuning of its own GEMMs (seconds per dot, paid in every test's compilation)
+      # picks among equivalent kernels; the tests check results, so it is off unless asked for.
+      export XLA_FLAGS="${XLA_FLAGS:-} ${PYTEST_XLA_FLAGS---xla_gpu_autotune_level=0}"
       jobs=${PYTEST_JOBS:-1}
-      if [ "$jobs" -le 1 ]; then
-        # shellcheck disable=SC2086
-        python3 -m pytest "${popts[@]}" ${PYTEST_ARGS:-tests} >"$OUT/pytest.log" 2>&1 || status=1
-        tail -n 25 "$OUT/pytest.log"
+      # The ids: collected, or those a cut-short run left (PYTEST_IDS, a file in the tree).
+      if [ -n "${PYTEST_IDS:-}" ]; then
+        cp "$PYTEST_IDS" /tmp/te_jax_ids
       else
-        # The collected test ids dealt round-robin to $jobs processes sharing the GPU (the suite
-        # is bound by compilation on the host), one log each, folded into pytest.log.
         # shellcheck disable=SC2086
         python3 -m pytest -q -p no:cacheprovider --collect-only ${PYTEST_ARGS:-tests} 2>/dev/null \
           | grep "::" > /tmp/te_jax_ids || { echo "collection failed"; status=1; continue; }
-        if [ -n "${PYTEST_PART:-}" ]; then
-          # A part of a run cut short: PYTEST_PART="a-b/n" keeps the ids whose line number % n is in
-          # a..b (the processes a..b of an n-process run, which deals the same way); PYTEST_ALSO
-          # adds ids (space separated).
-          IFS='-/' read -r pa pb pn <<<"$PYTEST_PART"
-          awk -v a="$pa" -v b="$pb" -v n="$pn" '((NR % n) >= a) && ((NR % n) <= b)' /tmp/te_jax_ids \
-            > /tmp/te_jax_ids_part
-          for id in ${PYTEST_ALSO:-}; do echo "$id"; done >> /tmp/te_jax_ids_part
-          mv /tmp/te_jax_ids_part /tmp/te_jax_ids
-        fi
-        echo "$(wc -l < /tmp/te_jax_ids) tests collected"
-        pids=()
-        for j in $(seq 0 $((jobs - 1))); do
-          awk -v n="$jobs" -v j="$j" 'NR % n == j' /tmp/te_jax_ids > "/tmp/te_jax_ids_$j"
-          mapfile -t ids < "/tmp/te_jax_ids_$j"
-          python3 -m pytest "${popts[@]}" "${ids[@]}" >"/tmp/te_jax_pytest_$j.log" 2>&1 &
-          pids+=($!)
-        done
-        for j in "${!pids[@]}"; do
-          wait "${pids[$j]}" || status=1
-          { echo "==== process $j"; grep -vE "^(\.|s|F|E|x)+ +\[ *[0-9]+%\]$" "/tmp/te_jax_pytest_$j.log"; } \
-            >>"$OUT/pytest.log"
-          echo "process $j: $(tail -n 1 "/tmp/te_jax_pytest_$j.log")"
-        done
-        grep -h "^FAILED\|^ERROR" "$OUT/pytest.log" | head -n 30
       fi
+      echo "$(wc -l < /tmp/te_jax_ids) tests to run"
+      # PYTEST_DEADLINE: seconds after this script started by which every process is stopped
+      # (SIGINT: pytest reports what it ran), leaving time for the stages after this one.
+      left=$(( ${PYTEST_DEADLINE:-100000} - SECONDS ))
+      # On a host with several GPUs, each process gets one of them (round-robin).
+      ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+      rm -f /tmp/te_jax_pytest_*.log
+      pids=()
+      for j in $(seq 0 $((jobs - 1))); do
+        # The ids dealt round-robin to $jobs processes sharing the GPU (the suite is bound by
+        # compilation on the host), one log each, folded into pytest.log.
+        awk -v n="$jobs" -v j="$j" 'NR % n == j' /tmp/te_jax_ids > "/tmp/te_jax_ids_$j"
+        mapfile -t ids < "/tmp/te_jax_ids_$j"
+        [ "${#ids[@]}" -eq 0 ] && continue
+        gpu=${CUDA_VISIBLE_DEVICES:-}
+        [ -z "$gpu" ] && [ "$ngpu" -gt 1 ] && gpu=$((j % ngpu))
+        env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} timeout -s INT -k 30 "$left" python3 -m pytest "${popts[@]}" "${ids[@]}" \
+          >"/tmp/te_jax_pytest_$j.log" 2>&1 &
+        pids+=("$j:$!")
+      done
+      for jp in "${pids[@]}"; do
+        j=${jp%%:*}
+        wait "${jp#*:}" || status=1
+        { echo "==== process $j"; grep -vE "(PASSED|SKIPPED)( +\[ *[0-9]+%\])?$" "/tmp/te_jax_pytest_$j.log"; } \
+          >>"$OUT/pytest.log"
+        echo "process $j: $(tail -n 1 "/tmp/te_jax_pytest_$j.log")"
+      done
+      # Which ids never reported a result (a process stopped at the deadline): $OUT/notrun.txt,
+      # to be put in the tree and passed back as PYTEST_IDS.
+      cat /tmp/te_jax_pytest_*.log 2>/dev/null \
+        | sed -nE 's/^(tests\/.*::.*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)( +\[ *[0-9]+%\])?$/\1/p' \
+        | sort -u > /tmp/te_jax_ran
+      grep -vxFf /tmp/te_jax_ran /tmp/te_jax_ids > "$OUT/notrun.txt"
+      echo "$(wc -l < /tmp/te_jax_ran) ran, $(wc -l < "$OUT/notrun.txt") not run (notrun.txt)"
+      [ -s "$OUT/notrun.txt" ] || rm "$OUT/notrun.txt"
+      grep -h "^FAILED\|^ERROR" "$OUT/pytest.log" | head -n 30
       ;;
     sanitize)
       stamp "kernel test + compute-sanitizer"
