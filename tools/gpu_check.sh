@@ -116,14 +116,14 @@ for stage in "$@"; do
       for jp in "${pids[@]}"; do
         j=${jp%%:*}
         wait "${jp#*:}" || status=1
-        { echo "==== process $j"; grep -vE "(PASSED|SKIPPED)( +\[ *[0-9]+%\])?$" "/tmp/te_jax_pytest_$j.log"; } \
+        { echo "==== process $j"; grep -vE " PASSED( +\[ *[0-9]+%\])?$" "/tmp/te_jax_pytest_$j.log"; } \
           >>"$OUT/pytest.log"
         echo "process $j: $(tail -n 1 "/tmp/te_jax_pytest_$j.log")"
       done
       # Which ids never reported a result (a process stopped at the deadline): $OUT/notrun.txt,
       # to be put in the tree and passed back as PYTEST_IDS.
       cat /tmp/te_jax_pytest_*.log 2>/dev/null \
-        | sed -nE 's/^(tests\/.*::.*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)( +\[ *[0-9]+%\])?$/\1/p' \
+        | sed -nE 's/^(tests\/.*::.*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)( \(.*\))?( +\[ *[0-9]+%\])?$/\1/p' \
         | sort -u > /tmp/te_jax_ran
       grep -vxFf /tmp/te_jax_ran /tmp/te_jax_ids > "$OUT/notrun.txt"
       echo "$(wc -l < /tmp/te_jax_ran) ran, $(wc -l < "$OUT/notrun.txt") not run (notrun.txt)"
