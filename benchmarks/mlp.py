@@ -10,11 +10,11 @@ Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GE
 parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
-jitted, default XLA flags. ``te_linen:bf16_dact`` is ``te_linen:bf16`` with the GELU backward in
-a separate dact pass instead of the dgrad GEMM's DGELU epilogue (an A/B of that fusion; the
-same where te_jax's GEMM does not run). Every row computes the same step: ``out = block(x)``,
-the loss ``sum(out · dy)`` and its gradients with respect to x, every parameter and (FP8 rows)
-the FP8 state, whose "gradient" is the next state.
+jitted, default XLA flags. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with the GELU
+backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (an A/B of that
+fusion, off by default; the same where te_jax's GEMM does not run). Every row computes the
+same step: ``out = block(x)``, the loss ``sum(out · dy)`` and its gradients with respect to x,
+every parameter and (FP8 rows) the FP8 state, whose "gradient" is the next state.
 
 Per row: ms per step (median of ``--reps`` samples; samples of all rows interleaved, inputs
 rotated over 2 sets), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``: three GEMMs of each of
@@ -42,6 +42,7 @@ import numpy as np
 
 from benchmarks._report import pyplot
 from benchmarks._timing import time_functions
+from benchmarks._trace import gpu_kernels, kernel_breakdown
 
 BLOCKS = {"gelu": ("gelu",), "swiglu": ("silu", "linear")}
 GPU_SHAPE = {"tokens": 8192, "hidden": 4096, "gelu": 16384, "swiglu": 10944}
@@ -50,7 +51,7 @@ ROWS = (
     "flax:bf16",
     "flax:fp8_ops",
     "te_linen:bf16",
-    "te_linen:bf16_dact",
+    "te_linen:bf16_dgelu",
     "te_linen:delayed",
     "te_linen:current",
     "te_nnx:bf16",
@@ -71,7 +72,7 @@ WANTED = {
 def _recipe(te_jax, name: str):
     return {
         "bf16": None,
-        "bf16_dact": None,
+        "bf16_dgelu": None,
         "delayed": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
     }[name]
@@ -100,8 +101,9 @@ def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
 
 @contextlib.contextmanager
 def _dgelu_epilogue(on: bool):
-    """While tracing: te_jax.fused_mlp's bf16 GELU backward in the dgrad GEMM's DGELU epilogue
-    (``te_linen:bf16``) or in a separate dact pass (``te_linen:bf16_dact``, the A/B row)."""
+    """While tracing: te_jax.fused_mlp's bf16 GELU backward in a separate dact pass
+    (``te_linen:bf16``, the default) or in the dgrad GEMM's DGELU epilogue
+    (``te_linen:bf16_dgelu``, the A/B row)."""
     mod = importlib.import_module("te_jax.fused_mlp")  # te_jax.fused_mlp is also the function
     before, mod._DGELU_EPILOGUE = mod._DGELU_EPILOGUE, on
     try:
@@ -133,7 +135,7 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
             return_layernorm_output=False,
         )
         state = jax.tree.map(lambda a: a, m.init(key, x0))
-        dgelu = prec != "bf16_dact"
+        dgelu = prec == "bf16_dgelu"
 
         def out(state, x):
             with _dgelu_epilogue(dgelu):
@@ -236,6 +238,11 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         }
         r["speedup"] = None if base is None else base.median_s / t.median_s
         out_rows.append(r)
+    profile = {}
+    for row in [r for r in rows if r in args.profile]:
+        kernels = gpu_kernels(functools.partial(fns[row], *sets[0]), steps=3)
+        first = next(iter(kernels.values()), None)
+        profile[row] = None if first is None else kernel_breakdown(first, steps=3)
     return {
         "block": block,
         "tokens": tokens,
@@ -243,6 +250,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         "intermediate": inter,
         "rows": out_rows,
         "norm_quantize": _norm_quantize_share(rows, timings),
+        "profile": profile,
     }
 
 
@@ -350,8 +358,48 @@ def markdown(result: dict) -> str:
                 f"{r['spread']:.3f} | {r['kernels']} |"
             )
         out.append("")
+        out += _profile_markdown(sec)
     out += ["## Checks", "", "```", *result["checks"], "```", ""]
     return "\n".join(out)
+
+
+def _profile_markdown(sec: dict) -> list[str]:
+    """The ``--profile`` rows' traces: device time per kernel kind, then the top kernels."""
+    prof = sec.get("profile") or {}
+    if not prof:
+        return []
+    out = [f"### {sec['block']}: where the step's device time goes (trace of 3 steps)", ""]
+    if all(v is None for v in prof.values()):
+        return out + ["No GPU kernels were traced (not a GPU backend).", ""]
+    kinds = sorted({k for v in prof.values() if v for k in v["by_kind"]})
+    out += [
+        "| row | busy ms | " + " | ".join(f"{k} ms (launches)" for k in kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]
+    for row, v in prof.items():
+        if v:
+            cells = [
+                f"{v['by_kind'][k]['ms']:.3f} ({v['by_kind'][k]['launches']:.0f})"
+                if k in v["by_kind"]
+                else ""
+                for k in kinds
+            ]
+            out.append(f"| {row} | {v['busy_ms']:.3f} | " + " | ".join(cells) + " |")
+    out.append("")
+    for row, v in prof.items():
+        if v:
+            out += [
+                f"{row}, top kernels:",
+                "",
+                "| kernel | kind | ms | launches |",
+                "|---|---|---|---|",
+            ]
+            out += [
+                f"| `{t['name'][:90]}` | {t['kind']} | {t['ms']:.3f} | {t['launches']:.0f} |"
+                for t in v["top"]
+            ]
+            out.append("")
+    return out
 
 
 def plot(result: dict, path: str) -> str | None:
@@ -397,7 +445,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-ms", type=float, default=None, help="one sample's length")
     p.add_argument("--out", default="bench_out", help="directory for .md / .json / .png")
     p.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
+    p.add_argument(
+        "--profile",
+        default="",
+        help="rows whose step is traced (jax.profiler): device time per kernel kind and the "
+        "top kernels, e.g. flax:bf16,te_linen:bf16",
+    )
     args = p.parse_args(argv)
+    args.profile = {r.strip() for r in args.profile.split(",") if r.strip()}
     import te_jax
 
     gpu = jax.default_backend() == "gpu"
@@ -409,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
+    bad += sorted(args.profile - set(rows))
     if bad or any(b not in BLOCKS for b in blocks):
         p.error(f"unknown rows {bad} or blocks {blocks}; rows: {', '.join(ROWS)}")
     t0 = time.time()

@@ -39,12 +39,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import glob
 import json
 import os
 import platform
 import sys
-import tempfile
 import time
 
 import flax.linen as nn
@@ -57,6 +55,7 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks._report import pyplot
 from benchmarks._timing import time_functions
+from benchmarks._trace import gpu_kernels, intersection, kind, length, union
 
 ROWS = ("flax:bf16", "te:bf16", "te:delayed", "te:current")
 GPU_SHAPE = {"layers": 2, "tokens": 8192, "seq": 2048, "hidden": 4096, "intermediate": 16384}
@@ -230,70 +229,23 @@ def time_group(rows: list[str], shape, axes: dict, strategy: str, tokens: int, a
 # Where a tensor-parallel step's time goes.
 
 
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _length(intervals) -> int:
-    return sum(b - a for a, b in intervals)
-
-
-def _intersection(u: list[tuple[int, int]], v: list[tuple[int, int]]) -> int:
-    """Total length of the overlap of two sorted, disjoint interval lists."""
-    i = j = total = 0
-    while i < len(u) and j < len(v):
-        lo, hi = max(u[i][0], v[j][0]), min(u[i][1], v[j][1])
-        total += max(0, hi - lo)
-        if u[i][1] < v[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def trace_overlap(fn, steps: int) -> dict:
     """Profiles ``steps`` calls of ``fn()``; per GPU, per step: the NCCL kernels run
     (``comm_kernels``), their time (``comm_ms``), the part of it during which a compute kernel
     also runs (``overlap_ms``), and the compute kernels' busy time (``compute_ms``)."""
-    from jax.profiler import ProfileData
-
-    jax.block_until_ready(fn())
-    with tempfile.TemporaryDirectory() as d:
-        with jax.profiler.trace(d):
-            out = None
-            for _ in range(steps):
-                out = fn()
-            jax.block_until_ready(out)
-        paths = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-        if not paths:
-            return {"error": "the profiler wrote no xplane.pb"}
-        data = ProfileData.from_file(max(paths, key=os.path.getmtime))
-    per_gpu, lines_seen = {}, set()
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU:"):
-            continue
+    per_gpu = {}
+    for gpu, kernels in gpu_kernels(fn, steps).items():
         comm, comp = [], []
-        for line in plane.lines:
-            lines_seen.add(line.name.split("(")[0].rstrip("0123456789# "))
-            if not line.name.startswith("Stream"):
-                continue
-            for e in line.events:
-                iv = (int(e.start_ns), int(e.start_ns + e.duration_ns))
-                (comm if "nccl" in e.name.lower() else comp).append(iv)
-        cu, ku = _union(comm), _union(comp)
-        per_gpu[plane.name] = {
+        for name, start, dur in kernels:
+            (comm if kind(name) == "nccl" else comp).append((start, start + dur))
+        cu, ku = union(comm), union(comp)
+        per_gpu[gpu] = {
             "comm_kernels": len(comm) / steps,
-            "comm_ms": _length(cu) / 1e6 / steps,
-            "overlap_ms": _intersection(cu, ku) / 1e6 / steps,
-            "compute_ms": _length(ku) / 1e6 / steps,
+            "comm_ms": length(cu) / 1e6 / steps,
+            "overlap_ms": intersection(cu, ku) / 1e6 / steps,
+            "compute_ms": length(ku) / 1e6 / steps,
         }
-    return {"per_gpu": per_gpu, "lines": sorted(lines_seen)}
+    return {"per_gpu": per_gpu} if per_gpu else {"error": "the profiler recorded no GPU kernels"}
 
 
 def _all_reduce_lines(text: str) -> list[str]:

@@ -11,11 +11,12 @@ them fuses across the GEMM boundary:
   docs/numerics.md §4). Backward: the second GEMM's dgrad writes
   ``dy₂ · kernel_2ᵀ``; ``quantize_dact_dbias`` turns it into the first GEMM's quantized
   gradient and ``dbias_1`` in one pass, as in ``dense``.
-* **Unquantized GELU on te_jax's CUDA GEMM**: the backward's dgrad GEMM of ``kernel_2`` applies
-  ``gelu'(h)`` and reduces ``dbias_1`` in its epilogue (cuBLASLt's DGELU + BGRAD): the
-  activation's gradient never has its own pass, and ``dy₂ · kernel_2ᵀ`` never reaches memory.
-  Its float32 product is multiplied by ``gelu'(h)`` before the one rounding, where §8's
-  order rounds it first (within §7's tolerance of it).
+* **Unquantized GELU on te_jax's CUDA GEMM**, where ``_DGELU_EPILOGUE`` is set (off by
+  default: on the H100 the DGELU + BGRAD epilogue made the dgrad GEMM slower than the separate
+  pass it saves, docs/performance.md): the backward's dgrad GEMM of ``kernel_2`` applies
+  ``gelu'(h)`` and reduces ``dbias_1`` in its epilogue (cuBLASLt's DGELU + BGRAD), so
+  ``dy₂ · kernel_2ᵀ`` never reaches memory. Its float32 product is multiplied by ``gelu'(h)``
+  before the one rounding, where §8's order rounds it first (within §7's tolerance of it).
 
 Elsewhere (other activations unquantized, the CPU, ``implementation="xla"``) it computes
 exactly what ``dense(dense(x, kernel_1, bias_1, act), kernel_2, bias_2)`` does.
@@ -46,9 +47,10 @@ __all__ = ["fused_mlp"]
 _dense = importlib.import_module("te_jax.dense")
 
 _WHERE = "te_jax.fused_mlp"
-# bf16 GELU on te_jax's GEMM: the backward's gelu'(h) and dbias_1 in the DGELU epilogue of
-# kernel_2's dgrad GEMM. False: a separate dact pass (benchmarks/mlp.py's A/B row sets it).
-_DGELU_EPILOGUE = True
+# bf16 GELU on te_jax's GEMM: True puts the backward's gelu'(h) and dbias_1 in the DGELU
+# epilogue of kernel_2's dgrad GEMM; False (measured faster) a separate dact pass.
+# benchmarks/mlp.py's A/B row te_linen:bf16_dgelu sets it.
+_DGELU_EPILOGUE = False
 _LAST = ((-1,), (0,))
 
 
