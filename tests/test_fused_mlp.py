@@ -162,9 +162,10 @@ def test_against_float64(dtype, bias, rng):
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_dgelu_epilogue_path(bias, out_axes, rng, monkeypatch):
     """The bf16 GELU backward with te_jax's GEMM, the epilogue switched on: kernel_2's dgrad
-    GEMM takes the DGELU epilogue (with dbias_1 where there is a bias) and no dact pass runs. The kernel path is
-    emulated on the CPU by the GEMM primitive's pure-JAX epilogues (dense_oracle.KERNEL_GEMM's
-    roundings), against the composition within a bf16 rounding of the intermediate."""
+    GEMM takes the DGELU epilogue (with dbias_1 where there is a bias) and no dact pass runs.
+    The kernel path is emulated on the CPU by the GEMM primitive's pure-JAX epilogues
+    (dense_oracle.KERNEL_GEMM's roundings), against the composition within a bf16 rounding of
+    the intermediate."""
     dense_mod = importlib.import_module("te_jax.dense")  # te_jax.dense is the function
     fused_mod = importlib.import_module("te_jax.fused_mlp")
     monkeypatch.setattr(dense_mod, "_gemm_on_kernel", lambda *a: True)

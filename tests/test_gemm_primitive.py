@@ -403,6 +403,39 @@ def test_zero_sizes(shape, case, impl, rng):
     check(call(args, impl), args, kernel=runs_kernel(impl))
 
 
+@pytest.mark.parametrize("epilogue", [E.DEFAULT, E.GELU_AUX], ids=["default", "gelu_aux"])
+def test_outputs_aliasing_donated_inputs(epilogue, rng):
+    """The outputs written into donated inputs' buffers (jit's donation aliases them) that the
+    step reads before the GEMM: those reads see the inputs. On the kernel, the problem (large
+    enough for the initialize stage to time cuBLASLt's candidates, and of a shape no other test
+    uses, so this call is its first) must never have its candidates write the call's outputs."""
+    m, k, n = 1040, 1024, 1032  # m·n·k >= 2^30: timed on the kernel
+    lhs, rhs = random_operands(rng, m, k, n, BF16)
+    bias = random_like(rng, (n,), BF16)
+    donated = [random_like(rng, (m, n), BF16) for _ in range(2)]
+    # The sums as read before the call (float32, any order: within 1e-5 of sum |d|).
+    sums = [float(np.sum(np.asarray(d, np.float64))) for d in donated]
+    slack = [1e-5 * float(np.sum(np.abs(np.asarray(d, np.float64)))) for d in donated]
+
+    def step(d0, d1, lhs, rhs, bias):
+        r = bind_gemm(lhs, rhs, bias=bias, epilogue=epilogue)
+        reads = (jnp.sum(d0.astype(jnp.float32)), jnp.sum(d1.astype(jnp.float32)))
+        return reads, r.out, r.aux
+
+    n_out = 2 if epilogue == E.GELU_AUX else 1  # out, and aux
+    fn = jax.jit(step, donate_argnums=tuple(range(n_out)))
+    header = fn.lower(*donated, lhs, rhs, bias).compile().as_text().split("\n", 1)[0]
+    aliased = len(re.findall(r"\(\d+, \{\}, (?:may|must)-alias\)", header))
+    assert aliased == n_out, f"{aliased} outputs alias donated inputs: this test tests nothing"
+    reads, out, aux = fn(*donated, lhs, rhs, bias)
+    for r, want, tol in zip(reads, sums, slack, strict=True):
+        assert abs(float(r) - want) <= tol, f"a donated input read {float(r)}, held {want}"
+    want = jax.jit(lambda *a: bind_gemm(*a[:2], bias=a[2], epilogue=epilogue))(lhs, rhs, bias)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want.out))
+    if aux is not None:
+        np.testing.assert_array_equal(np.asarray(aux), np.asarray(want.aux))
+
+
 @pytest.mark.parametrize("impl", IMPLS, ids=["auto", "xla"])
 def test_eager_equals_jit(impl, rng):
     lhs, rhs = random_operands(rng, 7, 33, 16, BF16, rhs_trans=True)

@@ -6,8 +6,8 @@
 //
 // Descriptors live on the stack (the *Init functions: no allocation); the algorithm comes from a
 // cache filled by the initialize stage, which times cuBLASLt's heuristic candidates for large
-// problems (execute queries, untimed, only if a problem was never initialized, e.g. buffers of
-// another alignment); the workspace is the call's own output buffer.
+// problems into outputs of its own (execute queries, untimed, only if a problem was never
+// initialized, e.g. buffers of another alignment); the workspace is the call's own output buffer.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -189,8 +189,34 @@ constexpr double kTimedFlops = double(1 << 30);
 // up from the idle of compilation: interleaving keeps a clock ramp from favouring later candidates.
 constexpr int kCandidates = 8, kTimedRuns = 3, kRounds = 3, kWarmupRuns = 10;
 
-// The fastest of `n` candidate algorithms on this problem's own buffers (the outputs and the
-// workspace are scribbled on; execute overwrites them), timed on `stream`; -1 if none ran.
+// Output buffers for timing candidates, freed in stream order. The call's own outputs are never
+// written before execute: one may be an entry output aliasing a donated input that this
+// execution reads before the GEMM runs (the inputs are only read; the workspace is te_jax's own).
+struct TimingOutputs {
+  cudaStream_t stream;
+  void* out = nullptr;
+  void* aux = nullptr;
+  void* dbias = nullptr;
+  bool ok = true;
+
+  TimingOutputs(const GemmProblem& p, cudaStream_t s) : stream(s) {
+    const size_t elem = type_bytes(p.out_type);
+    ok = alloc(&out, size_t(p.batch) * p.m * p.n * elem) &&
+         (!p.aux_out || alloc(&aux, size_t(p.batch) * p.m * p.n * elem)) &&
+         (!p.dbias || alloc(&dbias, size_t(p.n) * elem));
+    if (!ok) cudaGetLastError();  // out of memory: the heuristic's first choice, untimed
+  }
+  ~TimingOutputs() {
+    for (void* ptr : {out, aux, dbias})
+      if (ptr) cudaFreeAsync(ptr, stream);
+  }
+  bool alloc(void** ptr, size_t bytes) {
+    return cudaMallocAsync(ptr, bytes, stream) == cudaSuccess;
+  }
+};
+
+// The fastest of `n` candidate algorithms for `p` (whose outputs are TimingOutputs; the
+// workspace is scribbled on, execute overwrites it), timed on `stream`; -1 if none ran.
 int fastest(const CublasLt& lt, cublasLtHandle_t handle, const GemmProblem& p, Descriptors& ds,
             const cublasLtMatmulHeuristicResult_t* results, int n, cudaStream_t stream) {
   cudaEvent_t start, stop;
@@ -265,7 +291,18 @@ ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle
   if (found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS)
     return ffi::Error::Internal(std::string(op) + ": cuBLASLt has no algorithm for " +
                                 p.describe());
-  const int best = timed && found > 1 ? fastest(lt, handle, p, ds, results, found, stream) : 0;
+  int best = 0;
+  if (timed && found > 1) {
+    TimingOutputs scratch(p, stream);
+    GemmProblem q = p;
+    q.out = scratch.out;
+    q.aux_out = scratch.aux;
+    q.dbias = scratch.dbias;
+    Descriptors dq;
+    best = scratch.ok && !describe(lt, op, q, dq).failure()
+               ? fastest(lt, handle, q, dq, results, found, stream)
+               : -1;
+  }
   *algo = results[best < 0 ? 0 : best].algo;
   return ffi::Error::Success();
 }
