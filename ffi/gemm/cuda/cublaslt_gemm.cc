@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -184,10 +185,21 @@ AlgoKey key_of(int device, const GemmProblem& p) {
 
 // Problems with fewer multiply-adds than this take cuBLASLt's first heuristic choice untimed.
 constexpr double kTimedFlops = double(1 << 30);
-// Up to kCandidates algorithms, each timed over kTimedRuns back-to-back runs in each of kRounds
+// Up to candidates() algorithms, each timed over kTimedRuns back-to-back runs in each of kRounds
 // interleaved rounds (its best round counts), after kWarmupRuns untimed runs that bring the clocks
 // up from the idle of compilation: interleaving keeps a clock ramp from favouring later candidates.
-constexpr int kCandidates = 8, kTimedRuns = 3, kRounds = 3, kWarmupRuns = 10;
+constexpr int kMaxCandidates = 64, kTimedRuns = 3, kRounds = 3, kWarmupRuns = 10;
+
+// How many of cuBLASLt's heuristic candidates a large problem times: 8, or
+// TE_JAX_GEMM_CANDIDATES (1 to 64; 1 takes the heuristic's first choice untimed).
+int candidates() {
+  static const int n = [] {
+    const char* v = std::getenv("TE_JAX_GEMM_CANDIDATES");
+    const int asked = v ? std::atoi(v) : 8;
+    return asked < 1 ? 8 : (asked > kMaxCandidates ? kMaxCandidates : asked);
+  }();
+  return n;
+}
 
 // Output buffers for timing candidates, freed in stream order. The call's own outputs are never
 // written before execute: one may be an entry output aliasing a donated input that this
@@ -231,8 +243,8 @@ int fastest(const CublasLt& lt, cublasLtHandle_t handle, const GemmProblem& p, D
                      p.out, &ds.d, &algo, p.workspace, p.workspace_bytes, stream) ==
            CUBLAS_STATUS_SUCCESS;
   };
-  bool usable[kCandidates] = {};
-  float best_ms[kCandidates] = {};
+  bool usable[kMaxCandidates] = {};
+  float best_ms[kMaxCandidates] = {};
   for (int i = 0; i < n; ++i)  // a candidate that does not launch is dropped
     usable[i] = results[i].state == CUBLAS_STATUS_SUCCESS && run(results[i].algo);
   for (int i = 0; i < n; ++i) {
@@ -282,11 +294,11 @@ ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle
   // product is accumulated in float32 and rounded once (docs/numerics.md §8).
   const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions), "set REDUCTION_SCHEME");
-  cublasLtMatmulHeuristicResult_t results[kCandidates];
+  cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
   int found = 0;
   const bool timed = may_time && double(p.batch) * p.m * p.n * p.k >= kTimedFlops;
   TE_JAX_LT(lt.heuristic(handle, &ds.op, &ds.a, &ds.b, &ds.c, &ds.d, &pref,
-                         timed ? kCandidates : 1, results, &found),
+                         timed ? candidates() : 1, results, &found),
             "MatmulAlgoGetHeuristic");
   if (found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS)
     return ffi::Error::Internal(std::string(op) + ": cuBLASLt has no algorithm for " +
