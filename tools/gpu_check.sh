@@ -28,7 +28,8 @@
 #           DP, FSDP, TP and (4+ GPUs) DP x TP, each recipe, 20 steps checked against one GPU and
 #           the replicas compared, log in $OUT/multi.log; then the scaling benchmark
 #           (benchmarks/scaling.py, SCALING_ARGS adds options), Markdown + JSON + PNG under
-#           $OUT/bench, log in $OUT/scaling.log; MULTI_PARTS picks "train", "scaling" or both
+#           $OUT/bench, log in $OUT/scaling.log; MULTI_PARTS picks "train", "scaling" or both,
+#           MULTI_MESHES (";"-separated) the meshes
 # gsanitize the GEMM handler under compute-sanitizer: tests/test_gemm_primitive.py (GSANITIZE_K: a -k expression)
 #           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
@@ -197,6 +198,8 @@ for stage in "$@"; do
       if [[ " ${MULTI_PARTS:-train scaling} " == *" train "* ]]; then
         meshes=("data=$n" "data=$n --fsdp" "tensor=$n" "tensor=$n --family nnx")
         [ "$n" -ge 4 ] && meshes+=("data=2,tensor=$((n / 2))" "data=2,tensor=$((n / 2)) --sp")
+        # MULTI_MESHES="data=2,tensor=2;data=2,tensor=2 --sp" runs those meshes only.
+        [ -n "${MULTI_MESHES:-}" ] && IFS=';' read -r -a meshes <<<"$MULTI_MESHES"
         for m in "${meshes[@]}"; do
           stamp "train_sharded --mesh $m on $n GPUs"
           # shellcheck disable=SC2086
