@@ -30,6 +30,8 @@
 #           (benchmarks/scaling.py, SCALING_ARGS adds options), Markdown + JSON + PNG under
 #           $OUT/bench, log in $OUT/scaling.log; MULTI_PARTS picks "train", "scaling" or both,
 #           MULTI_MESHES (";"-separated) the meshes
+# gemmtune  benchmarks.dense's te:dot and te:gelu_vjp rows (with their XLA baselines) once per
+#           TE_JAX_GEMM_CANDIDATES in $GEMM_CANDIDATES (default "8 32 64"), log in gemmtune.log
 # gsanitize the GEMM handler under compute-sanitizer: tests/test_gemm_primitive.py (GSANITIZE_K: a -k expression)
 #           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
@@ -216,6 +218,16 @@ for stage in "$@"; do
           >"$OUT/scaling.log" 2>&1 || status=1
         tail -n 50 "$OUT/scaling.log"
       fi
+      ;;
+    gemmtune)
+      # te_jax's GEMM with each number of timed cuBLASLt candidates (TE_JAX_GEMM_CANDIDATES; a
+      # process each, the choice is cached per process) against XLA's autotuned GEMM.
+      for n in ${GEMM_CANDIDATES:-8 32 64}; do
+        stamp "dense GEMM rows, TE_JAX_GEMM_CANDIDATES=$n" >>"$OUT/gemmtune.log"
+        TE_JAX_GEMM_CANDIDATES=$n python3 -m benchmarks.dense --out "/tmp/gemmtune_$n" \
+          --rows "${GEMMTUNE_ROWS:-te:dot,te:gelu_vjp}" --reps 5 >>"$OUT/gemmtune.log" 2>&1 || status=1
+      done
+      grep -E "^== |te:dot |te:gelu_vjp |xla:dot |xla:gelu_vjp " "$OUT/gemmtune.log" | head -60
       ;;
     dbench)
       stamp "dense benchmarks"
