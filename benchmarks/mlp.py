@@ -11,8 +11,10 @@ parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the 
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
 jitted, default XLA flags. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with the GELU
-backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (an A/B of that
-fusion, off by default; the same where te_jax's GEMM does not run). Every row computes the
+backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (dbias_1 a float32
+sum of dh), ``te_linen:bf16_dgelu_bgrad`` with dbias_1 in the epilogue too (DGELU_BGRAD): A/B
+rows of that fusion, off by default; the same as ``te_linen:bf16`` where te_jax's GEMM does
+not run. Every row computes the
 same step: ``out = block(x)``, the loss ``sum(out · dy)`` and its gradients with respect to x,
 every parameter and (FP8 rows) the FP8 state, whose "gradient" is the next state.
 
@@ -52,6 +54,7 @@ ROWS = (
     "flax:fp8_ops",
     "te_linen:bf16",
     "te_linen:bf16_dgelu",
+    "te_linen:bf16_dgelu_bgrad",
     "te_linen:delayed",
     "te_linen:current",
     "te_nnx:bf16",
@@ -73,6 +76,7 @@ def _recipe(te_jax, name: str):
     return {
         "bf16": None,
         "bf16_dgelu": None,
+        "bf16_dgelu_bgrad": None,
         "delayed": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
     }[name]
@@ -100,16 +104,19 @@ def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
 
 
 @contextlib.contextmanager
-def _dgelu_epilogue(on: bool):
+def _dgelu_epilogue(prec: str):
     """While tracing: te_jax.fused_mlp's bf16 GELU backward in a separate dact pass
-    (``te_linen:bf16``, the default) or in the dgrad GEMM's DGELU epilogue
-    (``te_linen:bf16_dgelu``, the A/B row)."""
+    (``te_linen:bf16``, the default), or in the dgrad GEMM's DGELU epilogue with dbias_1 summed
+    from dh (``te_linen:bf16_dgelu``) or in the epilogue too (``te_linen:bf16_dgelu_bgrad``):
+    the A/B rows."""
     mod = importlib.import_module("te_jax.fused_mlp")  # te_jax.fused_mlp is also the function
-    before, mod._DGELU_EPILOGUE = mod._DGELU_EPILOGUE, on
+    before = mod._DGELU_EPILOGUE, mod._DGELU_BGRAD
+    mod._DGELU_EPILOGUE = prec.startswith("bf16_dgelu")
+    mod._DGELU_BGRAD = prec == "bf16_dgelu_bgrad"
     try:
         yield
     finally:
-        mod._DGELU_EPILOGUE = before
+        mod._DGELU_EPILOGUE, mod._DGELU_BGRAD = before
 
 
 def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
@@ -135,10 +142,9 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
             return_layernorm_output=False,
         )
         state = jax.tree.map(lambda a: a, m.init(key, x0))
-        dgelu = prec == "bf16_dgelu"
 
         def out(state, x):
-            with _dgelu_epilogue(dgelu):
+            with _dgelu_epilogue(prec):
                 return m.apply(state, x)[0]
 
     else:
@@ -487,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             sp = "" if r["speedup"] is None else f"x{r['speedup']:.3f}"
             pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f} MiB"
             print(
-                f"{block:7s} {r['row']:18s} {r['ms']:9.3f} ms {r['tflops']:8.1f} TFLOP/s "
+                f"{block:7s} {r['row']:25s} {r['ms']:9.3f} ms {r['tflops']:8.1f} TFLOP/s "
                 f"{sp:>7s} {pk:>10s}  {r['kernels']}",
                 flush=True,
             )

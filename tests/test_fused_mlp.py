@@ -158,11 +158,13 @@ def test_against_float64(dtype, bias, rng):
 # ---- the fusions are taken ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("bgrad", [True, False], ids=["bgrad", "sum"])
 @pytest.mark.parametrize("out_axes", [(H,), (2, H // 2)], ids=["out1", "out2"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_dgelu_epilogue_path(bias, out_axes, rng, monkeypatch):
+def test_dgelu_epilogue_path(bias, out_axes, bgrad, rng, monkeypatch):
     """The bf16 GELU backward with te_jax's GEMM, the epilogue switched on: kernel_2's dgrad
-    GEMM takes the DGELU epilogue (with dbias_1 where there is a bias) and no dact pass runs.
+    GEMM takes the DGELU epilogue (dbias_1, where there is a bias, summed in it, or with
+    ``_DGELU_BGRAD`` off summed from dh in float32) and no dact pass runs.
     The kernel path is emulated on the CPU by the GEMM primitive's pure-JAX epilogues
     (dense_oracle.KERNEL_GEMM's roundings), against the composition within a bf16 rounding of
     the intermediate."""
@@ -171,6 +173,7 @@ def test_dgelu_epilogue_path(bias, out_axes, rng, monkeypatch):
     monkeypatch.setattr(dense_mod, "_gemm_on_kernel", lambda *a: True)
     monkeypatch.setattr(dense_mod, "_gemm_impl", lambda cfg: "xla")
     monkeypatch.setattr(fused_mod, "_DGELU_EPILOGUE", True)  # off by default (measured slower)
+    monkeypatch.setattr(fused_mod, "_DGELU_BGRAD", bgrad)  # dbias_1 in the epilogue, or summed
     seen = []
     real = fused_mod.bind_gemm
 
@@ -196,11 +199,11 @@ def test_dgelu_epilogue_path(bias, out_axes, rng, monkeypatch):
     got = jax.jit(lambda *a: _value_and_grads.__wrapped__(_fused, *a, names(act)))(
         x, k1, b1, k2, b2, _sets(None), dy
     )
-    assert seen == [(GemmEpilogue.DGELU, bias)], seen
+    assert seen == [(GemmEpilogue.DGELU, bias and bgrad)], seen
     assert all(a is None for a in dact_calls), f"a dact pass ran for {dact_calls}"
     want = _value_and_grads(_composed, x, k1, b1, k2, b2, _sets(None), dy, names(act))
     _assert_close(got, want, False, 2**-7, "dgelu epilogue")
-    if bias and len(out_axes) == 1:  # the default (benchmarks/mlp.py's A/B row turns it on)
+    if bias and bgrad and len(out_axes) == 1:  # the default (benchmarks/mlp.py's A/B rows)
         monkeypatch.setattr(fused_mod, "_DGELU_EPILOGUE", False)
         seen.clear()
         off = jax.jit(lambda *a: _value_and_grads.__wrapped__(_fused, *a, names(act)))(

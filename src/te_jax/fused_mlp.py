@@ -14,7 +14,8 @@ them fuses across the GEMM boundary:
 * **Unquantized GELU on te_jax's CUDA GEMM**, where ``_DGELU_EPILOGUE`` is set (off by
   default: on the H100 the DGELU + BGRAD epilogue made the dgrad GEMM slower than the separate
   pass it saves, docs/performance.md): the backward's dgrad GEMM of ``kernel_2`` applies
-  ``gelu'(h)`` and reduces ``dbias_1`` in its epilogue (cuBLASLt's DGELU + BGRAD), so
+  ``gelu'(h)`` and reduces ``dbias_1`` in its epilogue (cuBLASLt's DGELU + BGRAD; with
+  ``_DGELU_BGRAD`` off, DGELU alone and ``dbias_1`` a float32 sum of ``dh``), so
   ``dy₂ · kernel_2ᵀ`` never reaches memory. Its float32 product is multiplied by ``gelu'(h)``
   before the one rounding, where §8's order rounds it first (within §7's tolerance of it).
 
@@ -47,21 +48,24 @@ __all__ = ["fused_mlp"]
 _dense = importlib.import_module("te_jax.dense")
 
 _WHERE = "te_jax.fused_mlp"
-# bf16 GELU on te_jax's GEMM: True puts the backward's gelu'(h) and dbias_1 in the DGELU
-# epilogue of kernel_2's dgrad GEMM; False (measured faster) a separate dact pass.
-# benchmarks/mlp.py's A/B row te_linen:bf16_dgelu sets it.
+# bf16 GELU on te_jax's GEMM: True puts the backward's gelu'(h) in the DGELU epilogue of
+# kernel_2's dgrad GEMM, and dbias_1 in it too (DGELU_BGRAD) unless _DGELU_BGRAD is False (then
+# a float32 sum of dh); False (measured faster than DGELU_BGRAD) a separate dact pass.
+# benchmarks/mlp.py's A/B rows te_linen:bf16_dgelu and te_linen:bf16_dgelu_bgrad set them.
 _DGELU_EPILOGUE = False
+_DGELU_BGRAD = True
 _LAST = ((-1,), (0,))
 
 
 @dataclasses.dataclass(frozen=True)
 class _Config:
     """Everything static about one call: each GEMM's dense config, and whether the backward
-    fuses gelu' and dbias_1 into kernel_2's dgrad GEMM."""
+    fuses gelu' (and dbias_1) into kernel_2's dgrad GEMM."""
 
     first: _dense._Config
     second: _dense._Config
     dgelu_epilogue: bool
+    dgelu_bgrad: bool = True
 
 
 def fused_mlp(
@@ -145,7 +149,7 @@ def fused_mlp(
         and c1.act is ActivationType.GELU
     )
     x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
-    return _mlp(x, k1, b1, k2, b2, q1, q2, _Config(c1, c2, dgelu))
+    return _mlp(x, k1, b1, k2, b2, q1, q2, _Config(c1, c2, dgelu, _DGELU_BGRAD))
 
 
 def _quantizer_sets(sets):
@@ -206,21 +210,24 @@ def _mlp_bwd(cfg: _Config, res, dy):
     ops1, ops2 = _dense._shapes(lead, c1), _dense._shapes(lead, c2)
     dy2 = dy.reshape(ops2.rows + c2.out_features)
     if cfg.dgelu_epilogue:
-        # kernel_2's dgrad GEMM applies gelu'(h) and sums dbias_1 in its epilogue.
+        # kernel_2's dgrad GEMM applies gelu'(h) (and sums dbias_1) in its epilogue.
         _, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=None)
         dk2 = _dense._wgrad(c2, res2, ops2, dy2)
+        bgrad = c1.has_bias and cfg.dgelu_bgrad
         r = bind_gemm(
             dy2,
             res2.kernel,
             aux=res1.act_in,
             rhs_trans=True,
             epilogue=GemmEpilogue.DGELU,
-            grad_bias=c1.has_bias,
+            grad_bias=bgrad,
             implementation=_dense._gemm_impl(c1),
             k_ndim=len(c2.features),
         )
         db2, n2 = _dense._bias_ct(db2, c2), None
         dh1, db1 = r.out, r.dbias
+        if c1.has_bias and not bgrad:  # dbias_1 = sum of dh over the rows, in float32
+            _, db1 = _dense._dact(dh1, None, dataclasses.replace(c1, act=None), ops1, None)
     else:
         dh2, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=_dense._grad_quantizer(res2))
         da, dk2, db2, n2 = _dense._gemm_grads(c2, res2, ops2, dh2, db2)
