@@ -221,15 +221,17 @@ def _lowered_targets(fn, *args) -> list[str]:
 @pytest.mark.skipif(
     not do.KERNEL_GEMM, reason="the fusions across the GEMM boundary are te_jax_gemm's (CUDA)"
 )
-@pytest.mark.parametrize("recipe", ["bf16", "delayed", "current"])
-def test_compiled_step_kernels(recipe, rng):
-    """The compiled forward + backward of the GELU MLP: six te_jax_gemm calls; bf16 runs no
-    activation kernel at all (GELU and gelu' in the GEMM epilogues); FP8 runs one act_lu
-    (the quantized activation, one pass, plus current scaling's amax pass) and one
-    dact_dbias_quantize, and quantizes only x, the kernels and dy on their own."""
+@pytest.mark.parametrize("recipe", ["bf16", "bf16_dgelu", "delayed", "current"])
+def test_compiled_step_kernels(recipe, rng, monkeypatch):
+    """The compiled forward + backward of the GELU MLP: six te_jax_gemm calls; bf16 runs one
+    dact pass (GELU in the forward GEMM's epilogue), none with the DGELU epilogue switched on;
+    FP8 runs one act_lu (the quantized activation, one pass, plus current scaling's amax pass)
+    and one dact_dbias_quantize, and quantizes only x, the kernels and dy on their own."""
     act = ACT_BY_ALIAS["gelu"]
     x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(256,))
-    qs = _sets(RECIPES[recipe])
+    if recipe == "bf16_dgelu":
+        monkeypatch.setattr(importlib.import_module("te_jax.fused_mlp"), "_DGELU_EPILOGUE", True)
+    qs = _sets(RECIPES.get(recipe))
 
     def step(x, k1, b1, k2, b2, qs, dy):
         return _value_and_grads.__wrapped__(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
@@ -237,8 +239,8 @@ def test_compiled_step_kernels(recipe, rng):
     targets = _lowered_targets(step, x, k1, b1, k2, b2, qs, dy)
     count = {t: targets.count(t) for t in set(targets)}
     assert count.pop("te_jax_gemm") == 6, targets
-    if recipe == "bf16":
-        assert not count, targets
+    if recipe.startswith("bf16"):
+        assert count == ({} if recipe == "bf16_dgelu" else {"te_jax_dact_dbias_quantize": 1})
         return
     assert count.pop("te_jax_act_lu") == 1, targets
     assert count.pop("te_jax_dact_dbias_quantize") == 1, targets
