@@ -14,9 +14,9 @@ jitted, default XLA flags. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with the
 backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (dbias_1 a float32
 sum of dh), ``te_linen:bf16_dgelu_bgrad`` with dbias_1 in the epilogue too (DGELU_BGRAD): A/B
 rows of that fusion, off by default; the same as ``te_linen:bf16`` where te_jax's GEMM does
-not run. Every row computes the
-same step: ``out = block(x)``, the loss ``sum(out · dy)`` and its gradients with respect to x,
-every parameter and (FP8 rows) the FP8 state, whose "gradient" is the next state.
+not run. Every row computes the same step: ``out = block(x)``, the loss ``sum(out · dy)`` and
+its gradients with respect to x, every parameter and (FP8 rows) the FP8 state, whose
+"gradient" is the next state.
 
 Per row: ms per step (median of ``--reps`` samples; samples of all rows interleaved, inputs
 rotated over 2 sets), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``: three GEMMs of each of
@@ -249,6 +249,12 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         kernels = gpu_kernels(functools.partial(fns[row], *sets[0]), steps=3)
         first = next(iter(kernels.values()), None)
         profile[row] = None if first is None else kernel_breakdown(first, steps=3)
+        if profile[row]:
+            kinds = ", ".join(
+                f"{k} {v['ms']:.3f} ms ({v['launches']:.0f})"
+                for k, v in profile[row]["by_kind"].items()
+            )
+            print(f"profile {block} {row}: busy {profile[row]['busy_ms']:.3f} ms; {kinds}")
     return {
         "block": block,
         "tokens": tokens,
