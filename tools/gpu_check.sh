@@ -84,8 +84,8 @@ for stage in "$@"; do
       # faulthandler_timeout: a test stuck for 300 s dumps every thread's stack into the log.
       # -v: one line per finished test, so a run cut short still says which tests it ran.
       popts=(-v -p no:cacheprovider --maxfail=20 -rfE --durations=5 -o faulthandler_timeout=300)
-      # XLA's autotuning of its own GEMMs (seconds per dot, paid in every test's compilation)
-      # picks among equivalent kernels; the tests check results, so it is off unless asked for.
+      # XLA's autotuning of its own GEMMs picks among equivalent kernels at compile time; the
+      # tests check results, not speed, so it is off unless asked for.
       export XLA_FLAGS="${XLA_FLAGS:-} ${PYTEST_XLA_FLAGS---xla_gpu_autotune_level=0}"
       jobs=${PYTEST_JOBS:-1}
       # The ids: collected, or those a cut-short run left (PYTEST_IDS, a file in the tree).
