@@ -22,7 +22,7 @@ Kernel = tuple[str, int, int]
 # Kernel kinds by name (lower case); the first that matches wins.
 KINDS = (
     ("nccl", ("nccl",)),
-    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul")),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "splitk")),
     ("te_jax", ("te_jax",)),
     ("xla_fusion", ("fusion", "triton", "reduce", "convert", "copy", "transpose")),
 )

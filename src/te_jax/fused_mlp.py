@@ -65,7 +65,7 @@ class _Config:
     first: _dense._Config
     second: _dense._Config
     dgelu_epilogue: bool
-    dgelu_bgrad: bool = True
+    dgelu_bgrad: bool
 
 
 def fused_mlp(
