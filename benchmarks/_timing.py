@@ -40,20 +40,25 @@ class Timing:
     max_s: float
     n_inner: int
     reps: int
+    # Host time to dispatch one call (median over samples): when it nears ``median_s`` the host,
+    # not the device, sets the pace (or each call waits for the one before).
+    dispatch_s: float = 0.0
 
     @property
     def spread(self) -> float:
         return (self.max_s - self.min_s) / self.median_s if self.median_s > 0 else 0.0
 
 
-def _sample(fn: Callable, arg_sets: Sequence[tuple], n_inner: int) -> float:
+def _sample(fn: Callable, arg_sets: Sequence[tuple], n_inner: int) -> tuple[float, float]:
+    """``(seconds per call, host seconds per dispatch)`` of one sample."""
     n_sets = len(arg_sets)
     t0 = time.perf_counter()
     out = None
     for i in range(n_inner):
         out = fn(*arg_sets[i % n_sets])
+    t1 = time.perf_counter()
     jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / n_inner
+    return (time.perf_counter() - t0) / n_inner, (t1 - t0) / n_inner
 
 
 def time_functions(
@@ -74,14 +79,16 @@ def time_functions(
             jax.block_until_ready(fn(*args))
             est = min(est, time.perf_counter() - t0)
         n_inner[name] = max(1, min(max_inner, math.ceil(target_s / max(est, 1e-7))))
-    samples: dict[str, list[float]] = {name: [] for name in fns}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
             samples[name].append(_sample(fn, arg_sets, n_inner[name]))
-    return {
-        name: Timing(statistics.median(s), min(s), max(s), n_inner[name], reps)
-        for name, s in samples.items()
-    }
+    out = {}
+    for name, pairs in samples.items():
+        s = [t for t, _ in pairs]
+        d = statistics.median(d for _, d in pairs)
+        out[name] = Timing(statistics.median(s), min(s), max(s), n_inner[name], reps, d)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,8 +63,10 @@ def kind(name: str) -> str:
 
 
 def kernel_breakdown(kernels: list[Kernel], steps: int, top: int = 12) -> dict:
-    """Per step: ``busy_ms`` (union of the kernels' intervals), ``by_kind`` ``{kind: {"ms",
-    "launches"}}`` and the ``top`` kernels by time, ``[{"name", "kind", "ms", "launches"}]``."""
+    """Per step: ``busy_ms`` (union of the kernels' intervals), ``span_ms`` (first start to last
+    end), ``by_kind`` ``{kind: {"ms", "launches"}}``, the ``top`` kernels by time, ``[{"name",
+    "kind", "ms", "launches"}]``, and the longest idle ``gaps`` of the whole trace, ``[{"us",
+    "after", "before"}]`` (the kernels either side)."""
     by_name: dict[str, list[float]] = {}
     for name, _, dur in kernels:
         row = by_name.setdefault(name, [0.0, 0])
@@ -76,8 +78,18 @@ def kernel_breakdown(kernels: list[Kernel], steps: int, top: int = 12) -> dict:
         k["ms"] += ms
         k["launches"] += n
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+    ordered = sorted(kernels, key=lambda k: k[1])
+    gaps, end, last = [], None, None
+    for name, s, d in ordered:
+        if end is not None and s > end:
+            gaps.append({"us": (s - end) / 1e3, "after": last, "before": name})
+        if end is None or s + d > end:
+            end, last = s + d, name
+    span = (end - ordered[0][1]) if ordered else 0
     return {
         "busy_ms": length(union([(s, s + d) for _, s, d in kernels])) / 1e6 / steps,
+        "span_ms": span / 1e6 / steps,
+        "gaps": sorted(gaps, key=lambda g: -g["us"])[:top],
         "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1]["ms"])),
         "top": [{"name": n, "kind": kind(n), "ms": ms, "launches": c} for n, (ms, c) in ranked],
     }

@@ -212,7 +212,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
             jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
             jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
         )
-        for _ in range(2)
+        for _ in range(args.sets)
     ]
     flop = 6 * tokens * hidden * inter * (len(act) + 1)
     fns, meta = {}, {}
@@ -239,6 +239,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
             "row": row,
             "ms": t.median_s * 1e3,
             "spread": t.spread,
+            "dispatch_ms": t.dispatch_s * 1e3,
             "tflops": flop / t.median_s / 1e12,
             **meta[row],
         }
@@ -254,7 +255,12 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
                 f"{k} {v['ms']:.3f} ms ({v['launches']:.0f})"
                 for k, v in profile[row]["by_kind"].items()
             )
-            print(f"profile {block} {row}: busy {profile[row]['busy_ms']:.3f} ms; {kinds}")
+            p = profile[row]
+            gaps = ", ".join(f"{g['us']:.0f} us before {g['before'][:40]}" for g in p["gaps"][:3])
+            print(
+                f"profile {block} {row}: busy {p['busy_ms']:.3f} of {p['span_ms']:.3f} ms; "
+                f"{kinds}; longest gaps: {gaps}"
+            )
     return {
         "block": block,
         "tokens": tokens,
@@ -359,15 +365,16 @@ def markdown(result: dict) -> str:
             f"## {sec['block']}: tokens {sec['tokens']}, hidden {sec['hidden']}, "
             f"intermediate {sec['intermediate']}",
             "",
-            "| row | ms/step | TFLOP/s | speedup vs flax:bf16 | peak MiB | spread | kernels |",
-            "|---|---|---|---|---|---|---|",
+            "| row | ms/step | TFLOP/s | speedup vs flax:bf16 | peak MiB | spread | dispatch ms "
+            "| kernels |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in sec["rows"]:
             sp = "" if r["speedup"] is None else f"{r['speedup']:.3f}"
             pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
             out.append(
                 f"| {r['row']} | {r['ms']:.3f} | {r['tflops']:.1f} | {sp} | {pk} | "
-                f"{r['spread']:.3f} | {r['kernels']} |"
+                f"{r['spread']:.3f} | {r.get('dispatch_ms', 0):.3f} | {r['kernels']} |"
             )
         out.append("")
         out += _profile_markdown(sec)
@@ -385,8 +392,10 @@ def _profile_markdown(sec: dict) -> list[str]:
         return out + ["No GPU kernels were traced (not a GPU backend).", ""]
     kinds = sorted({k for v in prof.values() if v for k in v["by_kind"]})
     out += [
-        "| row | busy ms | " + " | ".join(f"{k} ms (launches)" for k in kinds) + " |",
-        "|---|---|" + "---|" * len(kinds),
+        "| row | busy ms | span ms | "
+        + " | ".join(f"{k} ms (launches)" for k in kinds)
+        + " |",
+        "|---|---|---|" + "---|" * len(kinds),
     ]
     for row, v in prof.items():
         if v:
@@ -396,7 +405,8 @@ def _profile_markdown(sec: dict) -> list[str]:
                 else ""
                 for k in kinds
             ]
-            out.append(f"| {row} | {v['busy_ms']:.3f} | " + " | ".join(cells) + " |")
+            span = v.get("span_ms", 0.0)
+            out.append(f"| {row} | {v['busy_ms']:.3f} | {span:.3f} | " + " | ".join(cells) + " |")
     out.append("")
     for row, v in prof.items():
         if v:
@@ -411,6 +421,14 @@ def _profile_markdown(sec: dict) -> list[str]:
                 for t in v["top"]
             ]
             out.append("")
+            if v.get("gaps"):
+                out += [f"{row}, longest idle gaps (3 steps):", "", "| us | after | before |"]
+                out.append("|---|---|---|")
+                out += [
+                    f"| {g['us']:.1f} | `{g['after'][:60]}` | `{g['before'][:60]}` |"
+                    for g in v["gaps"][:6]
+                ]
+                out.append("")
     return out
 
 
@@ -455,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--reps", type=int, default=None, help="samples per row (GPU 10, CPU 3)")
     p.add_argument("--target-ms", type=float, default=None, help="one sample's length")
+    p.add_argument(
+        "--sets", type=int, default=2, help="input sets the calls rotate over (default 2)"
+    )
     p.add_argument("--out", default="bench_out", help="directory for .md / .json / .png")
     p.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
     p.add_argument(
@@ -500,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f} MiB"
             print(
                 f"{block:7s} {r['row']:25s} {r['ms']:9.3f} ms {r['tflops']:8.1f} TFLOP/s "
-                f"{sp:>7s} {pk:>10s}  {r['kernels']}",
+                f"{sp:>7s} {pk:>10s}  dispatch {r['dispatch_ms']:.3f} ms  {r['kernels']}",
                 flush=True,
             )
     result["checks"] = checks(result)

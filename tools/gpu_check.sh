@@ -33,7 +33,9 @@
 # gemmtune  benchmarks.dense's te:dot and te:gelu_vjp rows (with their XLA baselines) once per
 #           TE_JAX_GEMM_CANDIDATES in $GEMM_CANDIDATES (default "8 32 64"), log in gemmtune.log
 # gsanitize the GEMM handler under compute-sanitizer: tests/test_gemm_primitive.py (GSANITIZE_K: a -k expression)
-#           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log
+#           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log;
+#           GSANITIZE_CONTROL=<-k expression> adds the controls for hazards inside cuBLASLt's own
+#           kernels (XLA's autotuned GEMM of the same shape; those tests with no candidate timing)
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
 # stages write one log each (the sanitizer summaries are folded into sanitize.log).
 set -u
@@ -181,6 +183,28 @@ for stage in "$@"; do
           >>"$OUT/gsanitize.log" 2>&1 || status=1
         grep -E "ERROR SUMMARY|passed|failed" "$OUT/gsanitize.log" | tail -n 3
       done
+      if [ -n "${GSANITIZE_CONTROL:-}" ]; then
+        # Controls for hazards reported inside cuBLASLt's own kernels: the same tools over XLA's
+        # cuBLASLt GEMM + bias of the same shape with XLA's autotuner timing its candidates,
+        # then over the $GSANITIZE_CONTROL tests with te_jax timing none (one heuristic pick).
+        for tool in ${GTOOLS:-memcheck}; do
+          stamp "control, compute-sanitizer --tool $tool: XLA's x @ w + b, autotuned" >>"$OUT/gsanitize.log"
+          XLA_FLAGS=--xla_gpu_autotune_level=4 compute-sanitizer --tool "$tool" \
+            --target-processes application-only python3 -c "
+import jax, jax.numpy as jnp
+k = jax.random.split(jax.random.key(0), 3)
+x, w = (jax.random.normal(a, s, jnp.bfloat16) for a, s in zip(k, [(1040, 1024), (1024, 1032)]))
+b = jax.random.normal(k[2], (1032,), jnp.bfloat16)
+print(float(jax.jit(lambda x, w, b: jnp.sum(x @ w + b, dtype=jnp.float32))(x, w, b)))" \
+            >>"$OUT/gsanitize.log" 2>&1
+          grep -E "SUMMARY" "$OUT/gsanitize.log" | tail -n 1
+          stamp "control, --tool $tool: -k '$GSANITIZE_CONTROL', TE_JAX_GEMM_CANDIDATES=1" >>"$OUT/gsanitize.log"
+          TE_JAX_GEMM_CANDIDATES=1 compute-sanitizer --tool "$tool" --target-processes application-only \
+            python3 -m pytest -q -p no:cacheprovider tests/test_gemm_primitive.py -k "$GSANITIZE_CONTROL" \
+            >>"$OUT/gsanitize.log" 2>&1
+          grep -E "SUMMARY|passed|failed" "$OUT/gsanitize.log" | tail -n 2
+        done
+      fi
       ;;
     mbench)
       stamp "MLP block benchmarks"
@@ -191,7 +215,7 @@ for stage in "$@"; do
       stamp "Flax rows with --xla_gpu_enable_triton_gemm=false" >>"$OUT/mbench.log"
       # shellcheck disable=SC2086
       XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 -m benchmarks.mlp --out /tmp/mbench_flags \
-        --rows flax:bf16,flax:fp8_ops $(echo ${MBENCH_ARGS:-} | sed 's/--plot//') >>"$OUT/mbench.log" 2>&1 || status=1
+        --rows flax:bf16,flax:fp8_ops $(echo ${MBENCH_ARGS:-} | sed -E 's/--plot//; s/--profile +[^ ]+//') >>"$OUT/mbench.log" 2>&1 || status=1
       tail -n 80 "$OUT/mbench.log"
       ;;
     multi)
