@@ -247,9 +247,10 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         out_rows.append(r)
     profile = {}
     for row in [r for r in rows if r in args.profile]:
-        kernels = gpu_kernels(functools.partial(fns[row], *sets[0]), steps=3)
+        n = args.profile_steps
+        kernels = gpu_kernels(functools.partial(fns[row], *sets[0]), steps=n)
         first = next(iter(kernels.values()), None)
-        profile[row] = None if first is None else kernel_breakdown(first, steps=3)
+        profile[row] = None if first is None else kernel_breakdown(first, steps=n)
         if profile[row]:
             kinds = ", ".join(
                 f"{k} {v['ms']:.3f} ms ({v['launches']:.0f})"
@@ -269,6 +270,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         "rows": out_rows,
         "norm_quantize": _norm_quantize_share(rows, timings),
         "profile": profile,
+        "profile_steps": args.profile_steps,
     }
 
 
@@ -387,14 +389,16 @@ def _profile_markdown(sec: dict) -> list[str]:
     prof = sec.get("profile") or {}
     if not prof:
         return []
-    out = [f"### {sec['block']}: where the step's device time goes (trace of 3 steps)", ""]
+    out = [
+        f"### {sec['block']}: where the step's device time goes "
+        f"(trace of {sec.get('profile_steps', 3)} steps)",
+        "",
+    ]
     if all(v is None for v in prof.values()):
         return out + ["No GPU kernels were traced (not a GPU backend).", ""]
     kinds = sorted({k for v in prof.values() if v for k in v["by_kind"]})
     out += [
-        "| row | busy ms | span ms | "
-        + " | ".join(f"{k} ms (launches)" for k in kinds)
-        + " |",
+        "| row | busy ms | span ms | " + " | ".join(f"{k} ms (launches)" for k in kinds) + " |",
         "|---|---|---|" + "---|" * len(kinds),
     ]
     for row, v in prof.items():
@@ -422,7 +426,7 @@ def _profile_markdown(sec: dict) -> list[str]:
             ]
             out.append("")
             if v.get("gaps"):
-                out += [f"{row}, longest idle gaps (3 steps):", "", "| us | after | before |"]
+                out += [f"{row}, longest idle gaps:", "", "| us | after | before |"]
                 out.append("|---|---|---|")
                 out += [
                     f"| {g['us']:.1f} | `{g['after'][:60]}` | `{g['before'][:60]}` |"
@@ -483,6 +487,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="rows whose step is traced (jax.profiler): device time per kernel kind and the "
         "top kernels, e.g. flax:bf16,te_linen:bf16",
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=3,
+        help="steps per trace (default 3: burst clocks after the profiler's start; some 30 "
+        "steps of the GPU shape reach the sustained clocks of a power-limited step)",
     )
     args = p.parse_args(argv)
     args.profile = {r.strip() for r in args.profile.split(",") if r.strip()}
