@@ -124,12 +124,8 @@ def build(tmp):
     with open(src, "w") as fh:
         fh.write(shim)
     lines = shim.splitlines()
-    loops = {
-        name: i + 1
-        for i, ln in enumerate(lines)
-        if "// LOOPS" in ln
-        for name in ln.split("// LOOPS")[1].split()
-    }
+    loops = {name: i + 1 for i, ln in enumerate(lines) if "// LOOPS" in ln
+             for name in ln.split("// LOOPS")[1].split()}
     flags = cpu_flags()
     levels = [("x86-64", [])]
     if {"avx2", "fma", "bmi2"} <= flags:
@@ -140,35 +136,15 @@ def build(tmp):
     for name, extra in levels:
         so = os.path.join(tmp, f"shim_{name}.so")
         info = os.path.join(tmp, f"vec_{name}.txt")
-        cmd = [
-            "g++",
-            "-std=c++17",
-            "-O3",
-            "-fno-trapping-math",
-            "-fPIC",
-            "-shared",
-            *extra,
-            f"-I{ROOT}/ffi",
-            f"-fopt-info-vec-optimized={info}",
-            src,
-            "-o",
-            so,
-        ]
+        cmd = ["g++", "-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", *extra,
+               f"-I{ROOT}/ffi", f"-fopt-info-vec-optimized={info}", src, "-o", so]
         subprocess.run(cmd, check=True)
         with open(info) as fh:
-            vec_lines = {
-                int(m.group(1))
-                for m in re.finditer(
-                    r"shim\.cc:(\d+):\d+: optimized: "
-                    r"loop vectorized",
-                    fh.read(),
-                )
-            }
+            vec_lines = {int(m.group(1)) for m in re.finditer(r"shim\.cc:(\d+):\d+: optimized: "
+                                                               r"loop vectorized", fh.read())}
         missed = [n for n, ln in loops.items() if ln not in vec_lines]
-        print(
-            f"built {name}: loops vectorised: "
-            f"{'all ' + str(len(loops)) if not missed else 'NOT ' + ', '.join(missed)}"
-        )
+        print(f"built {name}: loops vectorised: "
+              f"{'all ' + str(len(loops)) if not missed else 'NOT ' + ', '.join(missed)}")
         failed += [f"{name}: {n} not vectorised" for n in missed]
         out.append((name, so))
     return out, failed
@@ -249,11 +225,9 @@ def check_chunk(args):
                 bad = differ(got, want)
                 if bad.size:
                     i = bad[0]
-                    msgs.append(
-                        f"to_{fmt} [{name} ftz={ftz}]: {bad.size} mismatches, e.g. "
-                        f"0x{bits[i]:08x} ({v[i]!r}) -> 0x{got[i]:02x}, want "
-                        f"0x{want[i]:02x}"
-                    )
+                    msgs.append(f"to_{fmt} [{name} ftz={ftz}]: {bad.size} mismatches, e.g. "
+                                f"0x{bits[i]:08x} ({v[i]!r}) -> 0x{got[i]:02x}, want "
+                                f"0x{want[i]:02x}")
     if c < 128:  # non-negative floats: amax
         e = np.empty(CHUNK, np.int32)
         biased = np.empty(CHUNK, np.uint8)
@@ -267,11 +241,9 @@ def check_chunk(args):
                     bad = np.union1d(differ(e, want), differ(biased, want_biased))
                     if bad.size:
                         i = bad[0]
-                        msgs.append(
-                            f"e8m0 q={q} [{name} ftz={ftz}]: {bad.size} mismatches, "
-                            f"e.g. amax 0x{bits[i]:08x} ({v[i]!r}) -> {e[i]} / "
-                            f"0x{biased[i]:02x}, want {want[i]}"
-                        )
+                        msgs.append(f"e8m0 q={q} [{name} ftz={ftz}]: {bad.size} mismatches, "
+                                    f"e.g. amax 0x{bits[i]:08x} ({v[i]!r}) -> {e[i]} / "
+                                    f"0x{biased[i]:02x}, want {want[i]}")
     return msgs, stats
 
 
@@ -289,25 +261,19 @@ def check_decode(libs):
                 bad = np.flatnonzero(out.view(np.uint32) != want)
                 if bad.size:
                     i = bad[0]
-                    msgs.append(
-                        f"from_{fmt} [{name} ftz={ftz}]: {bad.size} mismatches, e.g. "
-                        f"0x{i:02x} -> 0x{out.view(np.uint32)[i]:08x}, want "
-                        f"0x{want[i]:08x}"
-                    )
+                    msgs.append(f"from_{fmt} [{name} ftz={ftz}]: {bad.size} mismatches, e.g. "
+                                f"0x{i:02x} -> 0x{out.view(np.uint32)[i]:08x}, want "
+                                f"0x{want[i]:08x}")
     return msgs
 
 
 def mul_pow2_inputs():
     rng = np.random.default_rng(0)
     exps = np.arange(256, dtype=np.uint32) << 23
-    mants = np.concatenate(
-        [
-            np.array([0, 1, 2, 0x400000, 0x7FFFFE, 0x7FFFFF], np.uint32),
-            rng.integers(0, 1 << 23, 250, dtype=np.uint32),
-        ]
-    )
-    grid = (exps[:, None] | mants[None, :]).ravel()  # every exponent, incl. subnormals
-    sub = np.arange(0, 1 << 23, 97, dtype=np.uint32)  # dense subnormals
+    mants = np.concatenate([np.array([0, 1, 2, 0x400000, 0x7FFFFE, 0x7FFFFF], np.uint32),
+                            rng.integers(0, 1 << 23, 250, dtype=np.uint32)])
+    grid = (exps[:, None] | mants[None, :]).ravel()       # every exponent, incl. subnormals
+    sub = np.arange(0, 1 << 23, 97, dtype=np.uint32)      # dense subnormals
     rand = rng.integers(0, 1 << 32, 100_000, dtype=np.uint64).astype(np.uint32)
     pos = np.concatenate([grid, sub, rand & 0x7FFFFFFF])
     return np.concatenate([pos, pos | 0x80000000]).view(np.float32)
@@ -328,22 +294,18 @@ def check_mul_pow2(libs):
             lib = load(path)
             for ftz in (0, 1):
                 lib.mul_pow2(ptr(y), k, ptr(out), y.size, ftz)
-                same = (out.view(np.uint32) == ref.view(np.uint32)) | (
-                    np.isnan(out) & np.isnan(ref)
-                )
+                same = (out.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(out)
+                                                                       & np.isnan(ref))
                 bad = np.flatnonzero(~same & ~small)
                 bad_small = np.flatnonzero(~same & small & ~(np.abs(out) <= 2.0**-126))
                 for b in (bad, bad_small):
                     if b.size:
                         i = b[0]
-                        msgs.append(
-                            f"mul_pow2 k={k} [{name} ftz={ftz}]: {b.size} mismatches, "
-                            f"e.g. y={y[i]!r} -> {out[i]!r}, want {ref[i]!r}"
-                        )
+                        msgs.append(f"mul_pow2 k={k} [{name} ftz={ftz}]: {b.size} mismatches, "
+                                    f"e.g. y={y[i]!r} -> {out[i]!r}, want {ref[i]!r}")
                 key = f"{name} ftz={ftz}"
                 small_mismatch[key] = small_mismatch.get(key, 0) + int(
-                    np.count_nonzero(~same & small)
-                )
+                    np.count_nonzero(~same & small))
     return msgs, y.size * 505, small_mismatch
 
 
@@ -362,23 +324,18 @@ def main():
         failures += check_decode(libs)
         msgs, n_mul, small = check_mul_pow2(libs)
         failures += msgs
-        print(
-            f"decode (256 codes x 3 formats) and mul_pow2 ({n_mul} (y, k) pairs per build and "
-            f"FP mode): {time.time() - t:.1f} s"
-        )
-        print(
-            "  mul_pow2 results below 2^-126 that differ from the correct rounding "
-            "(allowed): " + ", ".join(f"{k}: {v}" for k, v in small.items())
-        )
+        print(f"decode (256 codes x 3 formats) and mul_pow2 ({n_mul} (y, k) pairs per build and "
+              f"FP mode): {time.time() - t:.1f} s")
+        print("  mul_pow2 results below 2^-126 that differ from the correct rounding "
+              "(allowed): " + ", ".join(f"{k}: {v}" for k, v in small.items()))
 
         t = time.time()
         chunks = list(range(0, 256, max(1, 256 // args.chunks)))[: args.chunks]
         nan_agree = {f: 0 for f in FORMATS}
         n_nan = 0
         with mp.Pool(min(2, os.cpu_count() or 1)) as pool:
-            for i, (msgs, stats) in enumerate(
-                pool.imap_unordered(check_chunk, [(c, libs) for c in chunks])
-            ):
+            for i, (msgs, stats) in enumerate(pool.imap_unordered(
+                    check_chunk, [(c, libs) for c in chunks])):
                 failures += msgs
                 n_nan += stats["nan"]
                 for f, n in stats["nan_agree_ml_dtypes"].items():
@@ -386,15 +343,11 @@ def main():
                 if (i + 1) % 32 == 0:
                     print(f"  {i + 1}/{len(chunks)} chunks, {time.time() - t:.0f} s", flush=True)
         n_e8m0 = sum(1 for c in chunks if c < 128) * CHUNK
-        print(
-            f"encode: {len(chunks) * CHUNK} float32 bit patterns x 3 formats, e8m0: {n_e8m0} "
-            f"amax x {len(Q_MAX)} q_max; each in {len(libs)} builds x 2 FP modes: "
-            f"{time.time() - t:.1f} s"
-        )
-        print(
-            f"  NaN inputs: {n_nan}; header's NaN code equal to ml_dtypes' for: "
-            + ", ".join(f"{f} {n}" for f, n in nan_agree.items())
-        )
+        print(f"encode: {len(chunks) * CHUNK} float32 bit patterns x 3 formats, e8m0: {n_e8m0} "
+              f"amax x {len(Q_MAX)} q_max; each in {len(libs)} builds x 2 FP modes: "
+              f"{time.time() - t:.1f} s")
+        print(f"  NaN inputs: {n_nan}; header's NaN code equal to ml_dtypes' for: "
+              + ", ".join(f"{f} {n}" for f, n in nan_agree.items()))
 
     print(f"total {time.time() - t0:.1f} s")
     if failures:

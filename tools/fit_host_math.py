@@ -315,18 +315,14 @@ def main():
     )
     print(c_list("kErfLarge", cl))
     cd, ed = fit_erf_device()
-    print(
-        f"// device erf: 1 - 2^(t * Q(t)), t = min(|x|, {ERF_ONE:g}), Q0..Q{len(cd) - 1}, "
-        f"max absolute error of the fit {ed:.3g}"
-    )
+    print(f"// device erf: 1 - 2^(t * Q(t)), t = min(|x|, {ERF_ONE:g}), Q0..Q{len(cd) - 1}, "
+          f"max absolute error of the fit {ed:.3g}")
     print(c_list("kErfDevice", cd))
     if "--check-device" in sys.argv[1:]:
         stride = 1 if "--full" in sys.argv[1:] else 61
         worst, at = check_erf_device(cd, stride)
-        print(
-            f"// device erf in float32 (exact 2^p), every {stride} float32 in [0, 4.5]: "
-            f"max absolute error {worst:.3g} at x = {at:.9g}"
-        )
+        print(f"// device erf in float32 (exact 2^p), every {stride} float32 in [0, 4.5]: "
+              f"max absolute error {worst:.3g} at x = {at:.9g}")
 
 
 if __name__ == "__main__":
