@@ -32,7 +32,7 @@ def gpu_kernels(fn: Callable, steps: int) -> dict[str, list[Kernel]]:
     """``{"/device:GPU:i": [(name, start_ns, duration_ns), ...]}``: the kernels of ``steps``
     calls of ``fn()`` after one untraced call (compilation); empty where no GPU ran. The
     profiler's start leaves the GPU idle, so the first traced steps run at burst clocks; a
-    power-limited step reaches its sustained clocks only after some 100 ms of steps."""
+    power-limited step reaches its sustained clocks only after many steps."""
     from jax.profiler import ProfileData
 
     jax.block_until_ready(fn())

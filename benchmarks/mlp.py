@@ -492,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-steps",
         type=int,
         default=3,
-        help="steps per trace (default 3: burst clocks after the profiler's start; some 30 "
-        "steps of the GPU shape reach the sustained clocks of a power-limited step)",
+        help="steps per trace (default 3, at the burst clocks that follow the profiler's start; "
+        "tens of steps trace the sustained clocks of a power-limited step)",
     )
     args = p.parse_args(argv)
     args.profile = {r.strip() for r in args.profile.split(",") if r.strip()}
