@@ -43,22 +43,27 @@ class Timing:
     # Host time to dispatch one call (median over samples): when it nears ``median_s`` the host,
     # not the device, sets the pace (or each call waits for the one before).
     dispatch_s: float = 0.0
+    # The samples' wall-clock windows (``time.time()``), to attribute clock readings to a row.
+    windows: list[tuple[float, float]] = dataclasses.field(default_factory=list)
 
     @property
     def spread(self) -> float:
         return (self.max_s - self.min_s) / self.median_s if self.median_s > 0 else 0.0
 
 
-def _sample(fn: Callable, arg_sets: Sequence[tuple], n_inner: int) -> tuple[float, float]:
-    """``(seconds per call, host seconds per dispatch)`` of one sample."""
+def _sample(fn: Callable, arg_sets: Sequence[tuple], n_inner: int) -> tuple[float, float, tuple]:
+    """``(seconds per call, host seconds per dispatch, (wall start, wall end))`` of one
+    sample."""
     n_sets = len(arg_sets)
+    wall = time.time()
     t0 = time.perf_counter()
     out = None
     for i in range(n_inner):
         out = fn(*arg_sets[i % n_sets])
     t1 = time.perf_counter()
     jax.block_until_ready(out)
-    return (time.perf_counter() - t0) / n_inner, (t1 - t0) / n_inner
+    t2 = time.perf_counter()
+    return (t2 - t0) / n_inner, (t1 - t0) / n_inner, (wall, wall + (t2 - t0))
 
 
 def time_functions(
@@ -79,15 +84,16 @@ def time_functions(
             jax.block_until_ready(fn(*args))
             est = min(est, time.perf_counter() - t0)
         n_inner[name] = max(1, min(max_inner, math.ceil(target_s / max(est, 1e-7))))
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
+    samples: dict[str, list[tuple]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
             samples[name].append(_sample(fn, arg_sets, n_inner[name]))
     out = {}
-    for name, pairs in samples.items():
-        s = [t for t, _ in pairs]
-        d = statistics.median(d for _, d in pairs)
-        out[name] = Timing(statistics.median(s), min(s), max(s), n_inner[name], reps, d)
+    for name, got in samples.items():
+        s = [t for t, _, _ in got]
+        d = statistics.median(d for _, d, _ in got)
+        w = [win for _, _, win in got]
+        out[name] = Timing(statistics.median(s), min(s), max(s), n_inner[name], reps, d, w)
     return out
 
 

@@ -19,10 +19,12 @@ its gradients with respect to x, every parameter and (FP8 rows) the FP8 state, w
 "gradient" is the next state.
 
 Per row: ms per step (median of ``--reps`` samples; samples of all rows interleaved, inputs
-rotated over 2 sets), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``: three GEMMs of each of
-the two dense layers; the norm and activation are not counted), speedup over ``flax:bf16`` of
-the same block, and the step's peak device memory as XLA's compiled memory analysis gives it
-(arguments + outputs + temporaries − aliased). Writes ``mlp_<backend>.md`` / ``.json`` and, with
+rotated over ``--sets`` sets, default 2), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``:
+three GEMMs of each of the two dense layers; the norm and activation are not counted), speedup
+over ``flax:bf16`` of the same block, the step's peak device memory as XLA's compiled memory
+analysis gives it (arguments + outputs + temporaries − aliased), the host time to dispatch one
+call, and on a GPU the median SM clock and board power while the row's samples ran
+(``nvidia-smi``, ``benchmarks/_clocks.py``). Writes ``mlp_<backend>.md`` / ``.json`` and, with
 ``--plot`` (matplotlib), ``mlp_<backend>.png`` under ``--out``.
 """
 
@@ -42,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks._clocks import GpuClockLog
 from benchmarks._report import pyplot
 from benchmarks._timing import time_functions
 from benchmarks._trace import gpu_kernels, kernel_breakdown
@@ -229,7 +232,8 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
             "kernels": _kernels(step, (state, *sets[0])),
         }
     fns.update(_norm_quantize_fns(rows, te_jax))
-    timings = time_functions(fns, sets, reps=args.reps, target_s=args.target_ms / 1e3)
+    with GpuClockLog() as clocks:
+        timings = time_functions(fns, sets, reps=args.reps, target_s=args.target_ms / 1e3)
     base = timings.get("flax:bf16")
     out_rows = []
     for row in rows:
@@ -240,6 +244,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
             "ms": t.median_s * 1e3,
             "spread": t.spread,
             "dispatch_ms": t.dispatch_s * 1e3,
+            "clocks": clocks.summary(t.windows),
             "tflops": flop / t.median_s / 1e12,
             **meta[row],
         }
@@ -368,20 +373,27 @@ def markdown(result: dict) -> str:
             f"intermediate {sec['intermediate']}",
             "",
             "| row | ms/step | TFLOP/s | speedup vs flax:bf16 | peak MiB | spread | dispatch ms "
-            "| kernels |",
-            "|---|---|---|---|---|---|---|---|",
+            "| SM MHz | W | kernels |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in sec["rows"]:
             sp = "" if r["speedup"] is None else f"{r['speedup']:.3f}"
             pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
             out.append(
                 f"| {r['row']} | {r['ms']:.3f} | {r['tflops']:.1f} | {sp} | {pk} | "
-                f"{r['spread']:.3f} | {r.get('dispatch_ms', 0):.3f} | {r['kernels']} |"
+                f"{r['spread']:.3f} | {r.get('dispatch_ms', 0):.3f} | {_clock_cells(r)} | "
+                f"{r['kernels']} |"
             )
         out.append("")
         out += _profile_markdown(sec)
     out += ["## Checks", "", "```", *result["checks"], "```", ""]
     return "\n".join(out)
+
+
+def _clock_cells(r: dict) -> str:
+    """The row's median SM clock and board power while it was timed (``nvidia-smi``)."""
+    c = r.get("clocks")
+    return "| " if not c else f"{c['sm_mhz']:.0f} | {c['watts']:.0f}"
 
 
 def _profile_markdown(sec: dict) -> list[str]:
@@ -530,9 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in sec["rows"]:
             sp = "" if r["speedup"] is None else f"x{r['speedup']:.3f}"
             pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f} MiB"
+            clk = r["clocks"]
+            clk = f"{clk['sm_mhz']:.0f} MHz {clk['watts']:.0f} W  " if clk else ""
             print(
                 f"{block:7s} {r['row']:25s} {r['ms']:9.3f} ms {r['tflops']:8.1f} TFLOP/s "
-                f"{sp:>7s} {pk:>10s}  dispatch {r['dispatch_ms']:.3f} ms  {r['kernels']}",
+                f"{sp:>7s} {pk:>10s}  dispatch {r['dispatch_ms']:.3f} ms  {clk}{r['kernels']}",
                 flush=True,
             )
     result["checks"] = checks(result)
