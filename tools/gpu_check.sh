@@ -7,7 +7,8 @@
 #           changed since, they are copied over the installed package instead (seconds, not minutes)
 # test      the full pytest suite (the same files CI runs on the CPU); PYTEST_ARGS picks a part
 #           (a device call is limited to 600 s); PYTEST_JOBS=n deals the collected tests to n
-#           pytest processes sharing the GPU (the GPUs, dealt round-robin); PYTEST_DEADLINE=s stops them s seconds after the
+#           pytest processes sharing the GPU (the GPUs, dealt round-robin; CUDA_VISIBLE_DEVICES=2,3
+#           deals them over those two only); PYTEST_DEADLINE=s stops them s seconds after the
 #           script started and lists the tests not run in $OUT/notrun.txt, which PYTEST_IDS=<file>
 #           runs in the next call; XLA's GEMM autotuning is off (PYTEST_XLA_FLAGS= to keep it)
 # sanitize  the standalone kernel test, plain and under compute-sanitizer (memcheck, racecheck,
@@ -102,8 +103,13 @@ for stage in "$@"; do
       # PYTEST_DEADLINE: seconds after this script started by which every process is stopped
       # (SIGINT: pytest reports what it ran), leaving time for the stages after this one.
       left=$(( ${PYTEST_DEADLINE:-100000} - SECONDS ))
-      # On a host with several GPUs, each process gets one of them (round-robin).
-      ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
+      # On a host with several GPUs, each process gets one of them (round-robin): those listed
+      # in CUDA_VISIBLE_DEVICES, else every GPU of the host.
+      if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+        IFS=',' read -r -a gpus <<<"$CUDA_VISIBLE_DEVICES"
+      else
+        mapfile -t gpus < <(seq 0 $(( $(nvidia-smi -L 2>/dev/null | grep -c "^GPU") - 1 )))
+      fi
       rm -f /tmp/te_jax_pytest_*.log
       pids=()
       for j in $(seq 0 $((jobs - 1))); do
@@ -112,8 +118,8 @@ for stage in "$@"; do
         awk -v n="$jobs" -v j="$j" 'NR % n == j' /tmp/te_jax_ids > "/tmp/te_jax_ids_$j"
         mapfile -t ids < "/tmp/te_jax_ids_$j"
         [ "${#ids[@]}" -eq 0 ] && continue
-        gpu=${CUDA_VISIBLE_DEVICES:-}
-        [ -z "$gpu" ] && [ "$ngpu" -gt 1 ] && gpu=$((j % ngpu))
+        gpu=""
+        [ "${#gpus[@]}" -gt 0 ] && gpu=${gpus[$((j % ${#gpus[@]}))]}
         env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} timeout -s INT -k 30 "$left" python3 -m pytest "${popts[@]}" "${ids[@]}" \
           >"/tmp/te_jax_pytest_$j.log" 2>&1 &
         pids+=("$j:$!")
