@@ -393,7 +393,7 @@ def markdown(result: dict) -> str:
 def _clock_cells(r: dict) -> str:
     """The row's median SM clock and board power while it was timed (``nvidia-smi``)."""
     c = r.get("clocks")
-    return "| " if not c else f"{c['sm_mhz']:.0f} | {c['watts']:.0f}"
+    return " | ".join(("", "") if not c else (f"{c['sm_mhz']:.0f}", f"{c['watts']:.0f}"))
 
 
 def _profile_markdown(sec: dict) -> list[str]:
