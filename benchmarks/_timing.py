@@ -13,6 +13,11 @@ Method (DESIGN.md, "Performance method"):
   behind the previous calls' device time whenever a call takes longer to run than to dispatch).
 - Samples of the functions compared with each other are interleaved (te_jax sample, baseline
   sample, te_jax sample, ...), so clock or thermal drift hits both alike.
+- ``settle_s`` > 0 runs the function untimed for that long before each of its samples. A GPU
+  held at its power limit sets its clock from the power drawn over the last fraction of a
+  second, so without settling a sample starts at the clock the *previous* function left behind
+  and short samples of a lighter or heavier neighbour are biased (docs/performance.md, "Timing a
+  power-limited step"). Settled, every sample runs at its own function's sustained clock.
 - The reported time is the median of ``reps`` samples; the spread is (max - min) / median.
 
 The output of call ``i`` is dropped when call ``i + 1`` is dispatched: JAX frees device buffers
@@ -73,8 +78,10 @@ def time_functions(
     reps: int,
     target_s: float,
     max_inner: int = 2000,
+    settle_s: float = 0.0,
 ) -> dict[str, Timing]:
-    """Times each jitted ``fn(*args)`` over the rotating ``arg_sets``; samples interleaved."""
+    """Times each jitted ``fn(*args)`` over the rotating ``arg_sets``; samples interleaved, each
+    after ``settle_s`` of untimed calls of the same function."""
     n_inner: dict[str, int] = {}
     for name, fn in fns.items():
         jax.block_until_ready(fn(*arg_sets[0]))  # compile + first run
@@ -87,6 +94,8 @@ def time_functions(
     samples: dict[str, list[tuple]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
+            if settle_s > 0:
+                _sample(fn, arg_sets, max(1, round(n_inner[name] * settle_s / target_s)))
             samples[name].append(_sample(fn, arg_sets, n_inner[name]))
     out = {}
     for name, got in samples.items():

@@ -18,7 +18,9 @@ not run. Every row computes the same step: ``out = block(x)``, the loss ``sum(ou
 its gradients with respect to x, every parameter and (FP8 rows) the FP8 state, whose
 "gradient" is the next state.
 
-Per row: ms per step (median of ``--reps`` samples; samples of all rows interleaved, inputs
+Per row: ms per step (median of ``--reps`` samples of ``--target-ms``; samples of all rows
+interleaved, each after ``--settle-ms`` of untimed steps of its own row, because the step holds
+the GPU at its power limit and a sample's clock otherwise depends on the row before it; inputs
 rotated over ``--sets`` sets, default 2), TFLOP/s (``6 · tokens · H · I · (act_len + 1)``:
 three GEMMs of each of the two dense layers; the norm and activation are not counted), speedup
 over ``flax:bf16`` of the same block, the step's peak device memory as XLA's compiled memory
@@ -233,7 +235,13 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         }
     fns.update(_norm_quantize_fns(rows, te_jax))
     with GpuClockLog() as clocks:
-        timings = time_functions(fns, sets, reps=args.reps, target_s=args.target_ms / 1e3)
+        timings = time_functions(
+            fns,
+            sets,
+            reps=args.reps,
+            target_s=args.target_ms / 1e3,
+            settle_s=args.settle_ms / 1e3,
+        )
     base = timings.get("flax:bf16")
     out_rows = []
     for row in rows:
@@ -362,7 +370,8 @@ def markdown(result: dict) -> str:
     out = [
         f"# te_jax LayerNormMLP benchmark: {m['backend']} ({m['device']})",
         "",
-        f"- date {m['date']}; command `{m['command']}`; jax {m['jax']}; reps {m['reps']}",
+        f"- date {m['date']}; command `{m['command']}`; jax {m['jax']}; reps {m['reps']} of "
+        f"{m['target_ms']:.0f} ms, each after {m['settle_ms']:.0f} ms of untimed steps",
         "- one training step (forward + backward, no optimizer); bf16 compute, float32 "
         "parameters; peak = XLA's compiled memory analysis of the step",
         "",
@@ -488,7 +497,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes, 3 samples")
     p.add_argument("--tokens", type=int, default=None)
     p.add_argument("--reps", type=int, default=None, help="samples per row (GPU 10, CPU 3)")
-    p.add_argument("--target-ms", type=float, default=None, help="one sample's length")
+    p.add_argument(
+        "--target-ms", type=float, default=None, help="one sample's length (GPU 500, CPU 100)"
+    )
+    p.add_argument(
+        "--settle-ms",
+        type=float,
+        default=None,
+        help="untimed run of the same row before each sample, so it is timed at its own "
+        "sustained clock (GPU 500, CPU 0)",
+    )
     p.add_argument(
         "--sets", type=int, default=2, help="input sets the calls rotate over (default 2)"
     )
@@ -516,7 +534,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens:
         shape["tokens"] = args.tokens
     args.reps = args.reps or (3 if args.quick or not gpu else 10)
-    args.target_ms = args.target_ms or (20.0 if args.quick else 100.0)
+    args.target_ms = args.target_ms or (20.0 if args.quick else 500.0 if gpu else 100.0)
+    if args.settle_ms is None:
+        args.settle_ms = 500.0 if gpu and not args.quick else 0.0
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     bad = [r for r in rows if r not in ROWS]
     blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
@@ -533,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "command": "python -m benchmarks.mlp " + " ".join(argv or sys.argv[1:]),
             "reps": args.reps,
+            "target_ms": args.target_ms,
+            "settle_ms": args.settle_ms,
         },
         "blocks": [],
     }

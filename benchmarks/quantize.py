@@ -77,6 +77,8 @@ CASES = [
     *(Case("act", a, "delayed", "rowwise", E4M3, 0.85, 1.8) for a in ACTS),
     *(Case("act", a, "current", "rowwise", E4M3, None, 1.5) for a in ACTS),
     *(Case("act", a, "mxfp8", "2x", E4M3, None, 3.0) for a in ACTS),
+    # The FP8 MLP step's forward activation: rowwise for the next GEMM, colwise for its wgrad.
+    *(Case("act", "gelu", m, "2x", E4M3) for m in ("delayed", "current")),
     *(Case("act", a, "nvfp4", "rowwise", E2M1) for a in ACTS),
     *(
         Case("dact+dbias", a, m, "rowwise", E5M2, 0.80)

@@ -225,11 +225,19 @@ def _significand(m):
     return from_bits((m & _FRAC_I).astype(_U32) | _ONE_BITS)
 
 
-# The long division's steps between optimisation barriers. Without them XLA fuses the whole
-# 24-step chain, and where its operands are themselves exact products / quotients (NVFP4's
+# The long division's steps between optimisation barriers on XLA:CPU. Without them XLA fuses the
+# whole 24-step chain, and where its operands are themselves exact products / quotients (NVFP4's
 # y·S / block_scale) XLA:CPU's compile time explodes (docs/performance.md). The barriers change
-# no value: each one only makes (q, r) a fusion boundary.
+# no value: each one only makes (q, r) a fusion boundary. Other backends get none: on XLA:GPU
+# each boundary is a kernel launch, six per division of delayed scaling's scalar state update.
 _DIV_STEPS_PER_FUSION = 4
+
+
+def _cpu_fusion_boundary(q, r):
+    """``(q, r)`` unchanged; on XLA:CPU behind an ``optimization_barrier`` (see above)."""
+    return lax.platform_dependent(
+        q, r, cpu=lambda q, r: lax.optimization_barrier((q, r)), default=lambda q, r: (q, r)
+    )
 
 
 def _significand_quotient(ma, mb):
@@ -250,7 +258,7 @@ def _significand_quotient(ma, mb):
         q = (q << 1) | bit.astype(_I32)
         r = (r - jnp.where(bit, mb, 0)) << 1  # twice the remainder, < 2^26
         if i % _DIV_STEPS_PER_FUSION == _DIV_STEPS_PER_FUSION - 1 and i < 23:
-            q, r = lax.optimization_barrier((q, r))
+            q, r = _cpu_fusion_boundary(q, r)
     q = q + ((r > mb) | ((r == mb) & ((q & 1) == 1))).astype(_I32)  # ties to even
     carry = q >> 24  # rounded up to 2^24
     return jnp.where(carry == 1, _HIDDEN_I, q), e + carry
