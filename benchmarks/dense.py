@@ -437,6 +437,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="length of one sample in ms (default GPU 40, CPU 100; --quick 15 / 30)",
     )
+    p.add_argument(
+        "--settle-ms",
+        type=float,
+        default=0.0,
+        help="untimed calls of the same row before each sample, so a power-limited GPU times it "
+        "at its own sustained clock (benchmarks/_timing.py; default 0)",
+    )
     p.add_argument("--sets", type=int, default=2, help="input sets rotated over (>= 2)")
     p.add_argument("--quick", action="store_true", help="small shapes, fewer samples")
     p.add_argument(
@@ -602,7 +609,11 @@ def run_shape(te_jax, args, shape, seed: int, t0: float) -> dict:
         _log(t0, f"ERROR {errors[-1]}")
     elif compiled:
         _log(t0, f"timing {len(compiled)} rows: {args.reps} samples of ~{args.target_ms:g} ms each")
-        kw = {"reps": args.reps, "target_s": args.target_ms / 1e3}
+        kw = {
+            "reps": args.reps,
+            "target_s": args.target_ms / 1e3,
+            "settle_s": args.settle_ms / 1e3,
+        }
         arg_sets = [(s,) for s in sets]
         try:
             timings = time_functions(compiled, arg_sets, **kw)
@@ -919,6 +930,7 @@ def _meta(te_jax, args, t_start: float) -> dict:
         "rows": [r.name for r in args.row_list],
         "reps": args.reps,
         "target_ms": args.target_ms,
+        "settle_ms": args.settle_ms,
         "input_sets": args.sets,
         "quick": args.quick,
         "budget_s": args.budget_s if math.isfinite(args.budget_s) else None,
