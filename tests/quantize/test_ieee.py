@@ -55,6 +55,15 @@ def test_div_is_correctly_rounded(rng):
     assert_same(jax.jit(ieee.div)(a, b), want, a, b)
 
 
+@pytest.mark.parametrize("platform, barriers", [("cpu", 5), ("cuda", 0)])
+def test_div_fusion_barriers_only_on_cpu(platform, barriers):
+    """The long division's optimisation barriers hold XLA:CPU's compile time down; on the GPU
+    each would be a kernel launch, so a CUDA lowering has none."""
+    x = jnp.ones((4,), jnp.float32)
+    text = jax.jit(ieee.div).trace(x, x).lower(lowering_platforms=(platform,)).as_text()
+    assert text.count("stablehlo.optimization_barrier") == barriers
+
+
 @pytest.mark.parametrize("divisor", [2.0, -4.0, 0.5, 6.0, 3.0, 1.5, 448.0])
 def test_div_ties_in_the_subnormal_range(divisor):
     """Odd multiples of 2^-149 halved are exact ties of the subnormal grid: ties to even."""
