@@ -13,11 +13,11 @@ Method (DESIGN.md, "Performance method"):
   behind the previous calls' device time whenever a call takes longer to run than to dispatch).
 - Samples of the functions compared with each other are interleaved (te_jax sample, baseline
   sample, te_jax sample, ...), so clock or thermal drift hits both alike.
-- ``settle_s`` > 0 runs the function untimed for that long before each of its samples. A GPU
-  held at its power limit sets its clock from the power drawn over the last fraction of a
-  second, so without settling a sample starts at the clock the *previous* function left behind
-  and short samples of a lighter or heavier neighbour are biased (docs/performance.md, "Timing a
-  power-limited step"). Settled, every sample runs at its own function's sustained clock.
+- ``settle_s`` > 0 runs the function untimed for that long before each of its samples. On a
+  GPU held at its power limit, a short sample otherwise starts at the clock the *previous*
+  function left behind, and a lighter or heavier neighbour biases it (docs/performance.md,
+  "Timing a power-limited step"). Settled, every sample runs at its own function's sustained
+  clock.
 - The reported time is the median of ``reps`` samples; the spread is (max - min) / median.
 
 The output of call ``i`` is dropped when call ``i + 1`` is dispatched: JAX frees device buffers
