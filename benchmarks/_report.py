@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+# Every benchmark's default --out: a directory .gitignore ignores.
+OUT_DIR = "bench_results"
 OP_ORDER = ("fwd", "dact", "dact+dbias")
 DTYPE_ORDER = ("bfloat16", "float16", "float32")
 ACT_ORDER = (

@@ -142,7 +142,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="the package to benchmark (default te_jax; another build or a stand-in "
         "with the same API)",
     )
-    p.add_argument("--out", default="bench_results", help="output directory")
+    p.add_argument("--out", default=_report.OUT_DIR, help="output directory")
     p.add_argument("--plot", action="store_true", help="also write a PNG (needs matplotlib)")
     a = p.parse_args(argv)
 

@@ -39,6 +39,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from benchmarks import _report
 from te_jax.sharding import hlo_collectives
 
 STRATEGIES = {
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--intermediate", type=int, default=1024)
     ap.add_argument("--no-bias", dest="bias", action="store_false", help="no GEMM biases")
-    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--out", default=_report.OUT_DIR)
     args = ap.parse_args(argv)
     args.act = tuple(a.strip() for a in args.act.split(","))
     if len(jax.devices()) < 8:

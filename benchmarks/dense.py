@@ -460,7 +460,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="stop starting new shapes (and skip timing) after this many seconds, so a "
         "time-limited run still writes its report (default GPU 210, else none)",
     )
-    p.add_argument("--out", default="bench_results", help="output directory")
+    p.add_argument("--out", default=_report.OUT_DIR, help="output directory")
     p.add_argument("--plot", action="store_true", help="also write a PNG (needs matplotlib)")
     a = p.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)

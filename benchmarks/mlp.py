@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks._clocks import GpuClockLog
-from benchmarks._report import pyplot
+from benchmarks._report import OUT_DIR, pyplot
 from benchmarks._timing import time_functions
 from benchmarks._trace import gpu_kernels, kernel_breakdown
 
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--sets", type=int, default=2, help="input sets the calls rotate over (default 2)"
     )
-    p.add_argument("--out", default="bench_out", help="directory for .md / .json / .png")
+    p.add_argument("--out", default=OUT_DIR, help="directory for .md / .json / .png")
     p.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
     p.add_argument(
         "--profile",

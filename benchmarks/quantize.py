@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import _report
 from benchmarks._timing import check_copy_is_real, copy_elements, time_copy, time_functions
 from benchmarks.activations import _lowers_to_te_kernel, _random
 
@@ -241,7 +242,7 @@ def run(argv: list[str] | None = None) -> dict:
     p.add_argument("--target-ms", type=float, default=150.0, help="length of one sample")
     p.add_argument("--sets", type=int, default=2, help="input sets rotated over")
     p.add_argument("--only", default="", help="comma-separated substrings of row names")
-    p.add_argument("--out", default="bench_results")
+    p.add_argument("--out", default=_report.OUT_DIR)
     args = p.parse_args(argv)
 
     import te_jax

@@ -53,7 +53,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks._report import pyplot
+from benchmarks._report import OUT_DIR, pyplot
 from benchmarks._timing import time_functions
 from benchmarks._trace import gpu_kernels, intersection, kind, length, union
 
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=None, help="samples per row (GPU 7, CPU 3)")
     p.add_argument("--target-ms", type=float, default=None, help="one sample's length")
     p.add_argument("--trace-steps", type=int, default=3)
-    p.add_argument("--out", default="bench_out", help="directory for .md / .json / .png")
+    p.add_argument("--out", default=OUT_DIR, help="directory for .md / .json / .png")
     p.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
     args = p.parse_args(argv)
     gpu = jax.default_backend() == "gpu"
