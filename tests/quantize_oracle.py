@@ -205,5 +205,6 @@ def delayed_update(scale, history, amax_, q_max, margin=0, algo="max"):
     # finite (a subnormal a), so the scale is always finite.
     s = F32(scale) if (not np.isfinite(a) or a <= 0 or not np.isfinite(new)) else F32(new)
     h = np.roll(h, -1)
-    h[0] = 0
+    if len(h) > 1:  # with L = 1 the one slot keeps the newest amax
+        h[0] = 0
     return s, h

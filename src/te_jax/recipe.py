@@ -26,14 +26,27 @@ So a training step differentiates with respect to the quantizer sets too and tak
 
 This is the convention of Flax's ``fp8_ops`` and of TransformerEngine's JAX side: the grad
 quantizer's amax is only known in the backward, and the cotangent is the one value a
-``custom_vjp`` backward can hand back. Each ``QuantizerSet`` must feed exactly one dense call per
-step (a set used twice would receive the sum of two states). Quantizer sets of the stateless
-recipes have no leaves, so their "gradient" is empty.
+``custom_vjp`` backward can hand back. Quantizer sets of the stateless recipes have no leaves, so
+their "gradient" is empty.
+
+**Where uses meet, states combine by max** (docs/numerics.md §4): the next state is the one a
+single use on all the data would give, whatever the step's structure:
+
+* ``vmap`` with the set unbatched (shared by the batch): one update with the batch's largest
+  amax. A stacked set (batched state) updates member by member.
+* Sharded steps: amaxes are max-reduced over the mesh axes the tensors are split on.
+* One set feeding several calls in one differentiated step (a layer applied twice, a layer
+  inside ``lax.scan`` over steps): reverse-mode autodiff would *sum* the calls' next states.
+  Take one handle per call from ``qs.share(n)`` (in a scan: ``a, b = qs.share()`` in the body,
+  ``a`` for the call and ``b`` carried on), whose backward merges the calls' states by max.
+* Gradient accumulation (separate ``grad`` calls on micro-batches, all from the same state):
+  ``qs.merge_updates(new_qs_1, new_qs_2, ...)`` is the next state, never their sum.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -258,9 +271,85 @@ class QuantizerSet:
             ],
         )
 
+    @property
+    def has_state(self) -> bool:
+        """True for delayed scaling, whose quantizers carry state from step to step."""
+        return bool(jax.tree_util.tree_leaves(self))
+
+    def merge_updates(self, *updated: QuantizerSet) -> QuantizerSet:
+        """The next state when several uses of this set met in one step: each of ``updated``
+        is the next state one use produced from this set (the "gradient" of ``dense`` or a
+        step on one micro-batch). Each quantizer takes the largest of the uses' amaxes
+        (``DelayedScaleQuantizer.merge_updates``): the state one use on all the data would
+        give. Stateless sets return themselves.
+
+        Gradient accumulation over micro-batches, all from the state ``qs``::
+
+            for xb in micro_batches:
+                (g, new_qs) = jax.grad(loss, argnums=(0, 1))(params, qs, xb)
+                grads, news = grads + g, news + [new_qs]
+            qs = qs.merge_updates(*news)        # not a sum of the new_qs
+        """
+        for u in updated:
+            if not isinstance(u, QuantizerSet):
+                raise TypeError(
+                    "te_jax.QuantizerSet.merge_updates: each update must be a QuantizerSet (the "
+                    f"next state a use of this set produced), got {type(u).__name__}"
+                )
+        if not self.has_state:
+            return self
+        return _unflatten(
+            None,
+            [
+                getattr(self, r).merge_updates(*(getattr(u, r) for u in updated))
+                for r in _ROLES
+            ],
+        )
+
+    def share(self, n: int = 2) -> tuple[QuantizerSet, ...]:
+        """``n`` handles on this set for ``n`` uses in one differentiated step.
+
+        The same quantizers in the forward; in the backward the handles' next states are
+        merged by max (``merge_updates``) into this set's, where autodiff alone would add them.
+        A layer applied twice::
+
+            qa, qb = qs.share()
+            y = te_jax.dense(te_jax.dense(x, w, quantizer_set=qa), w, quantizer_set=qb)
+
+        In a ``lax.scan`` over steps with one set, share in the body and carry one handle on::
+
+            def body(qs, x):
+                q_now, q_next = qs.share()
+                return q_next, te_jax.dense(x, w, quantizer_set=q_now)
+
+        A handle left unused contributes nothing. Stateless sets return ``n`` copies of
+        themselves.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"te_jax.QuantizerSet.share: n must be an int >= 1, got {n!r}")
+        if not self.has_state:
+            return (self,) * n
+        return _share(self, n)
+
     def with_layout(self, role: str, layout: QuantizeLayout) -> Quantizer:
         """The quantizer of ``role`` with ``q_layout`` replaced by ``layout`` (same state)."""
         return dataclasses.replace(getattr(self, role), q_layout=layout)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _share(qs: QuantizerSet, n: int):
+    return (qs,) * n
+
+
+def _share_fwd(qs, n):
+    return (qs,) * n, qs
+
+
+def _share_bwd(n, qs, cts):
+    return (qs.merge_updates(*cts),)
+
+
+_share.defvjp(_share_fwd, _share_bwd)
 
 
 def _flatten_with_keys(qs: QuantizerSet):

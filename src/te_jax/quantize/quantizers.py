@@ -19,11 +19,13 @@ functional: ``DelayedScaleQuantizer.update`` returns a new quantizer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
 
 from te_jax import _varying
 from te_jax.quantize import formats, ieee
@@ -285,11 +287,14 @@ class DelayedScaleQuantizer(Quantizer):
             scale = (Q / a) / 2^margin, unless a <= 0, a is not finite, or that scale is not
                     finite (a subnormal a): then unchanged (the last is te_jax's refinement of
                     docs/numerics.md, which would give an infinite scale)
-            h = roll(h, -1); h[0] = 0
+            h = roll(h, -1); h[0] = 0   (for L > 1)
 
-        so after the update the newest amax sits in the last slot and slot 0 is free for the
-        next one. Float32 arithmetic, exact whatever the backend's denormal mode. Jittable;
-        under ``vmap`` over a stack of quantizers each gets its own amax.
+        so after the update the newest amax sits in the last slot (``h[-1]``) and slot 0 is free
+        for the next one. Float32 arithmetic, exact whatever the backend's denormal mode.
+        Jittable. Under ``vmap`` a stack of quantizers (batched state) is updated member by
+        member; a quantizer shared by the batch (unbatched state) is updated once, with the
+        batch's largest amax, as an unbatched call on the whole batch would be (never a sum of
+        per-element states).
 
         Args:
           amax: float32 ``()`` or ``(1,)``, e.g. ``ScaledTensor.amax`` (max-reduced over the
@@ -308,11 +313,81 @@ class DelayedScaleQuantizer(Quantizer):
                 "DelayedScaleQuantizer.update: amax_history must have shape (L,), got "
                 f"{hist.shape} (update a stack of quantizers under jax.vmap)"
             )
-        hist = hist.at[0].set(amax.reshape(()))
-        a = hist[0] if self.amax_compute_algo == "most_recent" else ieee.reduce_max(hist)
-        # ieee.div: XLA's native division is not correctly rounded on every backend.
-        new_scale = ieee.ldexp(ieee.div(np.float32(self.q_max), a), -self.margin)
-        keep = ~(ieee.is_positive(a) & jnp.isfinite(a) & jnp.isfinite(new_scale))
-        scale = jnp.where(keep, self.scale, new_scale).astype(jnp.float32)
-        hist = jnp.roll(hist, -1).at[0].set(0.0)
+        scale, hist = _next_delayed_state(
+            self.scale, hist, amax.reshape(()), self.q_max, self.margin, self.amax_compute_algo
+        )
         return self._unflatten(self._flatten()[1], (scale, hist))
+
+    def merge_updates(self, *updated: DelayedScaleQuantizer) -> DelayedScaleQuantizer:
+        """The next state when several uses of this quantizer met in one step.
+
+        Each of ``updated`` is ``self.update(a_i)`` for the amax ``a_i`` one use measured (its
+        newest history slot holds ``a_i``), or all zeros for a use that contributed nothing (a
+        zero cotangent). The result is ``self.update(max_i a_i)``: the state one use on all
+        the data would give, combined by max, never by sum. NaN-propagating, as the tensor
+        amax itself is. Under ``vmap`` the states may be stacks (leading axes of ``scale``).
+        """
+        if not updated:
+            return self
+        absent = functools.reduce(
+            jnp.logical_and, [jnp.asarray(u.scale, jnp.float32) == 0 for u in updated]
+        )
+        newest = jnp.stack(
+            [jnp.asarray(u.amax_history, jnp.float32)[..., -1] for u in updated], axis=0
+        )
+        amax = ieee.reduce_max(newest, axis=0)
+        scale, hist = _next_delayed_state(
+            self.scale,
+            jnp.asarray(self.amax_history, jnp.float32),
+            amax,
+            self.q_max,
+            self.margin,
+            self.amax_compute_algo,
+        )
+        # No use contributed (every state zero, as a zero cotangent is): contribute nothing.
+        scale = jnp.where(absent, jnp.zeros_like(scale), scale)
+        hist = jnp.where(absent[..., None], jnp.zeros_like(hist), hist)
+        return self._unflatten(self._flatten()[1], (scale, hist))
+
+
+def _delayed_state_math(scale, hist, amax, q_max, margin, algo):
+    """docs/numerics.md §4's update on arrays with any leading axes: ``scale (...)``,
+    ``hist (..., L)``, ``amax (...)`` -> the next ``(scale, hist)``."""
+    hist = hist.at[..., 0].set(amax)
+    a = hist[..., 0] if algo == "most_recent" else ieee.reduce_max(hist, axis=-1)
+    # ieee.div: XLA's native division is not correctly rounded on every backend.
+    new_scale = ieee.ldexp(ieee.div(np.float32(q_max), a), -margin)
+    keep = ~(ieee.is_positive(a) & jnp.isfinite(a) & jnp.isfinite(new_scale))
+    scale = jnp.where(keep, scale, new_scale).astype(jnp.float32)
+    hist = jnp.roll(hist, -1, axis=-1)
+    if hist.shape[-1] > 1:  # slot 0 is written before it is read; L = 1 keeps the newest amax
+        hist = hist.at[..., 0].set(0.0)
+    return scale, hist
+
+
+def _next_delayed_state(scale, hist, amax, q_max, margin, algo):
+    """``_delayed_state_math`` with the batching rule of a shared state (``update``)."""
+    return _delayed_update(float(q_max), int(margin), algo)(scale, hist, amax)
+
+
+@functools.cache
+def _delayed_update(q_max: float, margin: int, algo: str):
+    """The update of one static configuration as a ``custom_vmap`` function: a state the batch
+    shares (unbatched ``scale`` and ``hist``, batched ``amax``) takes the batch's largest amax
+    and stays unbatched, so ``vmap``'s backward has no per-element states to sum."""
+
+    @custom_vmap
+    def next_state(scale, hist, amax):
+        return _delayed_state_math(scale, hist, amax, q_max, margin, algo)
+
+    @next_state.def_vmap
+    def _rule(axis_size, in_batched, scale, hist, amax):
+        scale_b, hist_b, amax_b = in_batched
+        if amax_b and not (scale_b or hist_b):
+            # Re-enters next_state, so an enclosing vmap applies its own rule to the result.
+            return next_state(scale, hist, ieee.reduce_max(amax, axis=0)), (False, False)
+        stack = lambda v, b: v if b else jnp.broadcast_to(v, (axis_size,) + jnp.shape(v))
+        out = next_state(stack(scale, scale_b), stack(hist, hist_b), stack(amax, amax_b))
+        return out, (True, True)
+
+    return next_state

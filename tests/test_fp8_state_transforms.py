@@ -1,0 +1,247 @@
+"""Delayed scaling's next state under every transform equals the plain step's (te_jax.recipe).
+
+Where uses of one quantizer set meet (a vmapped batch sharing it, a layer applied twice, a scan
+over steps, micro-batches of an accumulated step) the next state is the one a single use on all
+the data gives: amaxes combine by max, never by sum. Each test compares a transformed step with
+the plain one, bit for bit, on a loss that is not linear in the output (sum of squares, so the
+gradient of a micro-batch is that slice of the full batch's gradient), after a few steps so the
+histories are not empty, with margin > 0 and both amax algorithms.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_jax
+from te_jax.quantize import DelayedScaleQuantizer
+from te_jax.recipe import DelayedScaling, QuantizerSet
+
+ROLES = ("x", "kernel", "grad")
+RECIPES = {
+    "max": DelayedScaling(amax_history_len=4, margin=1),
+    "most_recent_L1": DelayedScaling(amax_history_len=1, amax_compute_algo="most_recent"),
+}
+B, S, K, N = 4, 8, 32, 32
+
+
+def _inputs(seed, batch=B):
+    kx, kw = jax.random.split(jax.random.PRNGKey(seed))
+    # Per-example spreads differ, so each example's amax differs from the batch's.
+    spread = jnp.arange(1, batch + 1, dtype=jnp.float32)[:, None, None]
+    x = (jax.random.normal(kx, (batch, S, K)) * spread).astype(jnp.bfloat16)
+    w = (jax.random.normal(kw, (K, N)) * 0.1).astype(jnp.bfloat16)
+    return x, w
+
+
+def _loss(x, w, qs):
+    y = te_jax.dense(x, w, activation_type="gelu", quantizer_set=qs)
+    return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+
+_plain_step = jax.jit(jax.grad(_loss, argnums=(1, 2)))
+_update = jax.jit(lambda q, a: q.update(a))  # eagerly, update would compile op by op
+
+
+def _advanced(recipe, steps=3):
+    """A set after ``steps`` plain steps on varied inputs: non-trivial histories."""
+    qs = QuantizerSet.create(recipe)
+    for i in range(steps):
+        x, w = _inputs(100 + i)
+        qs = _plain_step(x * (i + 1), w, qs)[1]
+    return qs
+
+
+def _assert_same_state(got: QuantizerSet, want: QuantizerSet):
+    for r in ROLES:
+        g, w = getattr(got, r), getattr(want, r)
+        np.testing.assert_array_equal(np.asarray(g.scale), np.asarray(w.scale), err_msg=r)
+        np.testing.assert_array_equal(
+            np.asarray(g.amax_history), np.asarray(w.amax_history), err_msg=r
+        )
+
+
+@pytest.fixture(params=sorted(RECIPES), scope="module")
+def state(request):
+    return _advanced(RECIPES[request.param])
+
+
+# ---- merge_updates: the max of the uses' amaxes -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "amaxes",
+    [(2.0, 5.0, 3.0), (0.0, 4.0), (0.0, 0.0), (np.nan, 1.0), (np.inf, 2.0), (1e-40, 3.0)],
+    ids=["three", "zero", "zeros", "nan", "inf", "subnormal"],
+)
+def test_merge_updates_is_update_with_the_largest_amax(state, amaxes):
+    q = state.grad
+    updates = [_update(q, jnp.float32(a)) for a in amaxes]
+    got = jax.jit(lambda q, us: q.merge_updates(*us))(q, updates)
+    want = _update(q, jnp.float32(np.nan if np.isnan(amaxes).any() else max(amaxes)))
+    assert np.asarray(got.scale).view(np.uint32) == np.asarray(want.scale).view(np.uint32)
+    np.testing.assert_array_equal(np.asarray(got.amax_history), np.asarray(want.amax_history))
+
+
+def test_merge_updates_ignores_absent_uses(state):
+    """A zero state (a use's zero cotangent) contributes nothing; all absent gives zero."""
+    q = state.x
+    zero = jax.tree.map(jnp.zeros_like, q)
+    merge = jax.jit(lambda q, us: q.merge_updates(*us))
+    _assert_quantizer_equal(merge(q, [_update(q, 3.0), zero]), _update(q, 3.0))
+    _assert_quantizer_equal(merge(q, [zero, zero]), zero)
+
+
+def _assert_quantizer_equal(got, want):
+    np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
+    np.testing.assert_array_equal(np.asarray(got.amax_history), np.asarray(want.amax_history))
+
+
+def test_merge_updates_of_a_stateless_set_is_itself():
+    qs = QuantizerSet.create(te_jax.recipe.CurrentScaling())
+    assert qs.merge_updates(qs, qs) is qs
+    assert qs.share(3) == (qs, qs, qs)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_share_rejects_a_bad_count(bad):
+    with pytest.raises(ValueError, match=r"QuantizerSet.share: n must be an int >= 1, got"):
+        QuantizerSet.create(RECIPES["max"]).share(bad)
+
+
+def test_merge_updates_rejects_what_is_not_a_set():
+    qs = QuantizerSet.create(RECIPES["max"])
+    with pytest.raises(TypeError, match=r"merge_updates: each update must be a QuantizerSet"):
+        qs.merge_updates(qs.x)
+
+
+# ---- vmap -------------------------------------------------------------------------------------
+
+
+def test_vmap_with_a_shared_set_equals_the_plain_step(state):
+    """The set unbatched, the batch vmapped: one update with the batch's largest amaxes."""
+    x, w = _inputs(0)
+    want = _plain_step(x, w, state)[1]
+    vmapped = jax.jit(
+        jax.grad(lambda w, qs: jax.vmap(_loss, (0, None, None))(x, w, qs).sum(), (0, 1))
+    )
+    _assert_same_state(vmapped(w, state)[1], want)
+
+
+def test_nested_vmap_with_a_shared_set_equals_the_plain_step(state):
+    x, w = _inputs(1)
+    want = _plain_step(x, w, state)[1]
+    x2 = x.reshape(2, B // 2, S, K)
+    inner = jax.vmap(_loss, (0, None, None))
+    outer = jax.vmap(lambda xb, w, qs: inner(xb, w, qs).sum(), (0, None, None))
+    got = jax.jit(jax.grad(lambda w, qs: outer(x2, w, qs).sum(), (0, 1)))(w, state)[1]
+    _assert_same_state(got, want)
+
+
+def test_vmap_over_a_stacked_set_updates_each_member(state):
+    """A stack of sets (batched state), one per member: each member's plain step."""
+    xs = jnp.stack([_inputs(i)[0] for i in range(3)])
+    w = _inputs(0)[1]
+    members = [jax.tree.map(lambda v, i=i: v * (i + 1), state) for i in range(3)]
+    stacked = jax.tree.map(lambda *v: jnp.stack(v), *members)
+    step = jax.vmap(lambda x, qs: jax.grad(_loss, 2)(x, w, qs))
+    got = jax.jit(step)(xs, stacked)
+    for i, member in enumerate(members):
+        _assert_same_state(jax.tree.map(lambda v, i=i: v[i], got), _plain_step(xs[i], w, member)[1])
+
+
+# ---- one set, several calls in one step -------------------------------------------------------
+
+
+def _two_sets_then_merge(loss2, state, *args):
+    """The oracle: the two calls given separate copies of the set (no autodiff sum), their
+    next states merged with ``update(max amax)`` per quantizer."""
+    a, b = jax.jit(jax.grad(loss2, argnums=(0, 1)))(state, state, *args)
+    want = {}
+    for r in ROLES:
+        q = getattr(state, r)
+        amax = jnp.maximum(getattr(a, r).amax_history[-1], getattr(b, r).amax_history[-1])
+        want[r] = _update(q, amax)
+    return QuantizerSet(**want)
+
+
+def _twice(qa, qb, x, w):
+    h = te_jax.dense(x, w, activation_type="gelu", quantizer_set=qa)
+    y = te_jax.dense(h, w, activation_type="gelu", quantizer_set=qb)
+    return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+
+def test_a_layer_applied_twice_with_share(state):
+    x, w = _inputs(2)
+    want = _two_sets_then_merge(_twice, state, x, w)
+    got = jax.jit(jax.grad(lambda qs: _twice(*qs.share(), x, w)))(state)
+    _assert_same_state(got, want)
+    # Without share, autodiff adds the two next states: what share is for.
+    summed = jax.jit(jax.grad(lambda qs: _twice(qs, qs, x, w)))(state)
+    assert float(summed.x.scale) != float(want.x.scale)
+
+
+def test_a_scan_over_steps_with_a_carried_handle(state):
+    """lax.scan applying one layer to a sequence of inputs, the set shared by every step."""
+    x, w = _inputs(3)
+
+    def scanned(qs, xs):
+        def body(carry, xt):
+            total, q = carry
+            q_now, q_next = q.share()
+            y = te_jax.dense(xt, w, activation_type="gelu", quantizer_set=q_now)
+            return (total + jnp.sum(jnp.square(y.astype(jnp.float32))), q_next), None
+
+        return jax.lax.scan(body, (jnp.float32(0), qs), xs)[0][0]
+
+    got = jax.jit(jax.grad(scanned))(state, x)
+    # The same steps, one plain call on all of them: the amaxes of every step met.
+    _assert_same_state(got, _plain_step(x, w, state)[1])
+
+
+def test_an_unused_handle_contributes_nothing(state):
+    x, w = _inputs(4)
+    got = jax.jit(jax.grad(lambda qs: _loss(x, w, qs.share(3)[1])))(state)
+    _assert_same_state(got, _plain_step(x, w, state)[1])
+
+
+# ---- gradient accumulation and an activation quantized upstream --------------------------------
+
+
+def test_gradient_accumulation_with_merge_updates(state):
+    """Micro-batches from the same state, their next states merged: the full batch's."""
+    x, w = _inputs(5)
+    want = _plain_step(x, w, state)[1]
+    news = [_plain_step(x[i : i + 1], w, state)[1] for i in range(B)]
+    _assert_same_state(state.merge_updates(*news), want)
+
+
+def test_an_upstream_quantized_input_is_counted_once(state):
+    """``activation(h, quantizer=qs.x)`` then ``dense`` with the same set: the x quantizer's
+    next state comes from the activation's amax alone (dense's use of an already quantized x
+    contributes nothing), not the old state added to it."""
+    x, w = _inputs(6)
+    both = te_jax.quantize.QuantizeLayout.ROWWISE_COLWISE
+
+    def loss(qs):
+        y = te_jax.activation(x, "gelu", quantizer=qs.with_layout("x", both))
+        out = te_jax.dense(y, w, quantizer_set=qs)
+        return jnp.sum(jnp.square(out.astype(jnp.float32)))
+
+    got = jax.jit(jax.grad(loss))(state)
+    amax = jnp.max(jnp.abs(jax.nn.gelu(x.astype(jnp.float32)).astype(jnp.bfloat16)))
+    _assert_quantizer_equal(got.x, _update(state.x, amax.astype(jnp.float32)))
+
+
+def test_delayed_quantizer_merge_under_vmap_of_stacks():
+    """merge_updates on stacks (batched states) merges member by member."""
+    q = DelayedScaleQuantizer.create(amax_history_len=3, margin=1)
+    stack = jax.tree.map(lambda v: jnp.stack([v, v]), q)
+    a = jnp.array([1.0, 6.0], jnp.float32)
+    b = jnp.array([4.0, 2.0], jnp.float32)
+    up = jax.vmap(lambda q, a: q.update(a))
+    got = jax.vmap(lambda q, u, v: q.merge_updates(u, v))(stack, up(stack, a), up(stack, b))
+    want = up(stack, jnp.maximum(a, b))
+    _assert_quantizer_equal(got, want)
