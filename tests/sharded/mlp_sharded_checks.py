@@ -354,3 +354,57 @@ def test_sequence_parallel(recipe):
     ]
     kinds = sorted(op for op, _ in moved)
     assert kinds == ["all-gather"] * 4 + ["reduce-scatter"] * 4, moved
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "delayed"])
+@pytest.mark.parametrize("norm", [True, False], ids=["norm", "no_norm"])
+def test_sequence_parallel_backward_alone(norm, recipe):
+    """The backward of one sequence-parallel LayerNormMLP block compiled on its own (jax.vjp's
+    backward function, its residuals taken from a sharded forward): it all-gathers the output
+    gradient once and reduce-scatters the input gradient once (the transposes of the block's
+    own all-gather / reduce-scatter), never all-reduces an activation, and returns dx split
+    along the sequence and equal to the unsharded backward's. Without the norm nothing else
+    holds the input gradient to the sequence split, so only the gather's own backward asks
+    for the reduce-scatter (the whole step's count hides its absence)."""
+    seq = 16
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((4, seq, H)), jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((4, seq, H)), jnp.bfloat16)
+
+    def block(recipe):
+        m = tef.LayerNormMLP(
+            INTER,
+            activations=ACTS["swiglu"],
+            use_bias=True,
+            enable_layernorm=norm,
+            recipe=RECIPES[recipe],
+        )
+        return m, m.init(jax.random.key(0), x)
+
+    def vjp(m):
+        return jax.jit(lambda v, x: jax.vjp(lambda v, x: m.apply(v, x)[0], v, x)[1])
+
+    backward = jax.jit(lambda vjp_fn, g: vjp_fn(g))
+    m, variables = block(recipe)
+    want = backward(vjp(m)(variables, x), dy)
+    mesh = _mesh({"tensor": 8})
+    rules = MeshResource(tp_resource="tensor", sp_resource="tensor").logical_axis_rules()
+    shard = lambda spec: NamedSharding(mesh, spec)  # noqa: E731
+    specs = nn.logical_to_mesh(nn.get_partition_spec(variables), rules)
+    var_sh = jax.tree.map(shard, specs, is_leaf=lambda s: isinstance(s, P))
+    act_sh = shard(P(None, "tensor", None))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        vjp_fn = vjp(m)(jax.device_put(variables, var_sh), jax.device_put(x, act_sh))
+        dy_sh = jax.device_put(dy, act_sh)
+        text = backward.lower(vjp_fn, dy_sh).compile().as_text()
+        got = backward(vjp_fn, dy_sh)
+    moved = [
+        (op, s) for op, s in hlo_collectives(text) if int(np.prod(s)) in (x.size, x.size // 8)
+    ]
+    assert sorted(op for op, _ in moved) == ["all-gather", "reduce-scatter"], moved
+    assert got[1].sharding.is_equivalent_to(act_sh, x.ndim), got[1].sharding
+    noise = None
+    if recipe != "bf16":
+        m16, v16 = block("bf16")
+        noise = _fp8_noise(want, backward(vjp(m16)(v16, x), dy))
+    _assert_step_equal(got, want, recipe, noise)
