@@ -10,12 +10,16 @@ histories are not empty, with margin > 0 and both amax algorithms.
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import te_jax
+import te_jax.flax as tef
+from te_jax import nnx as tnnx
 from te_jax.quantize import DelayedScaleQuantizer
 from te_jax.recipe import DelayedScaling, QuantizerSet
 
@@ -245,3 +249,158 @@ def test_delayed_quantizer_merge_under_vmap_of_stacks():
     got = jax.vmap(lambda q, u, v: q.merge_updates(u, v))(stack, up(stack, a), up(stack, b))
     want = up(stack, jnp.maximum(a, b))
     _assert_quantizer_equal(got, want)
+
+
+# ---- the Flax modules ------------------------------------------------------------------------
+# Oracle: two uses given separate copies of the state (two modules with the same parameters),
+# their next states merged by max (merge_updates, itself checked against update(max) above).
+
+H = 32
+
+
+def _module_input(seed=7):
+    spread = jnp.arange(1, B + 1, dtype=jnp.float32)[:, None, None]
+    return (jax.random.normal(jax.random.PRNGKey(seed), (B, S, H)) * spread).astype(jnp.bfloat16)
+
+
+def _merged(state: dict, a: dict, b: dict, gemm="kernel") -> dict:
+    """Linen/NNX FP8 variables ``{gemm}_{role}_{field}``: ``a``'s and ``b``'s next states
+    merged by max from ``state``."""
+    qs = QuantizerSet.create(RECIPES["max"])
+
+    def as_set(d):
+        return qs.with_state({n: d[f"{gemm}_{n}"] for n in qs.state()})
+
+    merged = as_set(state).merge_updates(as_set(a), as_set(b))
+    return {f"{gemm}_{n}": v for n, v in merged.state().items()}
+
+
+def _assert_same_vars(got: dict, want: dict):
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)
+
+
+class _LinenTwice(nn.Module):
+    """One DenseGeneral applied twice (``shared=True``), or two with the same parameters."""
+
+    shared: bool
+
+    @nn.compact
+    def __call__(self, x):
+        first = tef.DenseGeneral(H, activation="gelu", recipe=RECIPES["max"], name="d")
+        second = first if self.shared else tef.DenseGeneral(
+            H, activation="gelu", recipe=RECIPES["max"], name="e"
+        )
+        return second(first(x))
+
+
+def test_linen_module_applied_twice_with_a_mutable_collection():
+    x = _module_input()
+    shared, apart = _LinenTwice(True), _LinenTwice(False)
+    v = shared.init(jax.random.PRNGKey(0), x)
+    params, fp8 = v["params"], v["fp8_metas"]
+
+    def loss(model, params, fp8):
+        y, _ = model.apply({"params": params, "fp8_metas": fp8}, x, mutable=["fp8_metas"])
+        return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+    # A step first, so the state is not fresh.
+    fp8 = jax.jit(jax.grad(lambda f: loss(shared, params, f)))(fp8)
+    got = jax.jit(jax.grad(lambda f: loss(shared, params, f)))(fp8)["d"]
+    two = {"d": params["d"], "e": params["d"]}
+    a = jax.jit(jax.grad(lambda f: loss(apart, two, f)))({"d": fp8["d"], "e": fp8["d"]})
+    _assert_same_vars(got, _merged(fp8["d"], a["d"], a["e"]))
+
+
+def test_linen_scan_over_steps_carrying_the_collection():
+    """nn.scan applying one layer at every step, its state carried: the plain step's state."""
+    x = _module_input(8)
+
+    class Step(nn.Module):
+        @nn.compact
+        def __call__(self, total, xt):
+            y = tef.DenseGeneral(H, activation="gelu", recipe=RECIPES["max"], name="d")(xt)
+            return total + jnp.sum(jnp.square(y.astype(jnp.float32))), None
+
+    scanned = nn.scan(
+        Step, variable_broadcast="params", variable_carry="fp8_metas", split_rngs={"params": False}
+    )()
+    plain = tef.DenseGeneral(H, activation="gelu", recipe=RECIPES["max"])
+    v = plain.init(jax.random.PRNGKey(0), x)
+
+    def scan_loss(fp8):
+        vs = {"params": {"d": v["params"]}, "fp8_metas": {"d": fp8}}
+        (total, _), _ = scanned.apply(vs, jnp.float32(0), x, mutable=["fp8_metas"])
+        return total
+
+    def plain_loss(fp8):
+        y = plain.apply({"params": v["params"], "fp8_metas": fp8}, x)
+        return jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+    fp8 = v["fp8_metas"]
+    _assert_same_vars(jax.jit(jax.grad(scan_loss))(fp8), jax.jit(jax.grad(plain_loss))(fp8))
+
+
+def test_linen_module_under_vmap_equals_the_plain_step():
+    """jax.vmap over a LayerNormMLP's apply, the variables shared by the batch."""
+    x = _module_input(9)
+    mlp = tef.LayerNormMLP(2 * H, activations=("silu", "linear"), recipe=RECIPES["max"])
+    v = mlp.init(jax.random.PRNGKey(0), x)
+
+    def loss(fp8, x):
+        out, _ = mlp.apply({"params": v["params"], "fp8_metas": fp8}, x)
+        return jnp.sum(jnp.square(out.astype(jnp.float32)))
+
+    vmapped = jax.jit(jax.grad(lambda f: jax.vmap(loss, (None, 0))(f, x).sum()))
+    want = jax.jit(jax.grad(loss))(v["fp8_metas"], x)
+    got = vmapped(v["fp8_metas"])
+    for gemm in ("wi", "wo"):
+        _assert_same_vars(got[gemm] if gemm in got else got, want[gemm] if gemm in want else want)
+
+
+class _NNXPair(nnx.Module):
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+
+def test_nnx_module_applied_twice():
+    x = _module_input(10)
+    layer = tnnx.Linear(H, H, activation="gelu", recipe=RECIPES["max"], rngs=nnx.Rngs(0))
+    diff = nnx.DiffState(0, tnnx.FP8Meta)
+    sq = lambda y: jnp.sum(jnp.square(y.astype(jnp.float32)))
+    got = nnx.grad(lambda m: sq(m(m(x))), argnums=diff)(layer)
+    pair = _NNXPair(layer, nnx.clone(layer))
+    apart = nnx.grad(lambda p: sq(p.second(p.first(x))), argnums=diff)(pair)
+
+    qs = QuantizerSet.create(RECIPES["max"])
+    as_set = lambda q: qs.with_state({n: q[n][...] for n in qs.state()})
+    before = as_set(nnx.state(layer, tnnx.FP8Meta)["quantizers"])
+    want = before.merge_updates(
+        as_set(apart["first"]["quantizers"]), as_set(apart["second"]["quantizers"])
+    )
+    _assert_same_state(as_set(got["quantizers"]), want)
+    # The module's variables still hold the state it had (the forward wrote the same values).
+    _assert_same_state(before, QuantizerSet.create(RECIPES["max"]))
+
+
+def test_nnx_scan_over_steps_carrying_the_module():
+    """nnx.scan applying one layer at every step, the module in the carry: the plain step's."""
+    x = _module_input(11)
+    layer = tnnx.Linear(H, H, activation="gelu", recipe=RECIPES["max"], rngs=nnx.Rngs(0))
+    diff = nnx.DiffState(0, tnnx.FP8Meta)
+    sq = lambda y: jnp.sum(jnp.square(y.astype(jnp.float32)))
+
+    def scanned(model):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def body(carry, xt):
+            model, total = carry
+            return model, total + sq(model(xt))
+
+        return body((model, jnp.float32(0)), x)[1]
+
+    got = nnx.grad(scanned, argnums=diff)(layer)
+    want = nnx.grad(lambda m: sq(m(x)), argnums=diff)(layer)
+    qs = QuantizerSet.create(RECIPES["max"])
+    as_set = lambda q: qs.with_state({n: q[n][...] for n in qs.state()})
+    _assert_same_state(as_set(got["quantizers"]), as_set(want["quantizers"]))

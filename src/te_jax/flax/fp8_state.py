@@ -1,10 +1,12 @@
 """Delayed scaling's state in a Linen module: one variable per state array of each GEMM's
 ``QuantizerSet``, in the ``"fp8_metas"`` collection.
 
-The variables are read (never written) in the forward; ``te_jax.dense`` returns the updated set
-as the cotangent of its ``quantizer_set``, so the gradient of the loss with respect to
-``variables["fp8_metas"]`` *is* the next state (x's and the kernel's quantizers updated with the
-forward's amaxes, the gradient's with the backward's: docs/numerics.md §4).
+``te_jax.dense`` returns the updated set as the cotangent of its ``quantizer_set``, so the
+gradient of the loss with respect to ``variables["fp8_metas"]`` *is* the next state (x's and the
+kernel's quantizers updated with the forward's amaxes, the gradient's with the backward's:
+docs/numerics.md §4). Where the collection is mutable the forward writes it with the same
+values, as a second handle on the state (``quantizer_set``), so a module applied twice in one
+step, or a scan that carries the collection, merges its uses' next states by max.
 """
 
 from __future__ import annotations
@@ -25,11 +27,22 @@ def quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str) -> Quanti
     the stateless recipes, built from ``module``'s ``fp8_metas`` variables
     ``{gemm}_{role}_{field}`` (created at ``init``) for delayed scaling."""
     qs = QuantizerSet.create(recipe)
-    state = {
-        name: module.variable(FP8_COLLECTION, f"{gemm}_{name}", lambda v=value: v).value
+    variables = {
+        name: module.variable(FP8_COLLECTION, f"{gemm}_{name}", lambda v=value: v)
         for name, value in qs.state().items()
     }
-    return qs.with_state(state) if state else qs
+    if not variables:
+        return qs
+    qs = qs.with_state({name: v.value for name, v in variables.items()})
+    if module.is_initializing() or not module.is_mutable_collection(FP8_COLLECTION):
+        return qs
+    # A mutable collection holds a second handle on the same state (QuantizerSet.share): a
+    # module applied again in this step (or the next step of a scan carrying the collection)
+    # reads it, and the uses' next states merge by max in the backward, never add.
+    now, later = qs.share()
+    for name, value in later.state().items():
+        variables[name].value = value
+    return now
 
 
 def update_fp8_metas(variables: Mapping, grads: Mapping) -> dict:

@@ -1,10 +1,12 @@
 """Delayed scaling's state in an NNX module: ``FP8Meta`` variables, one per state array of each
 GEMM's ``QuantizerSet`` (``x_scale``, ``x_amax_history``, ..., ``grad_amax_history``).
 
-The variables are read (never written) in the forward; ``te_jax.dense`` returns the updated set
-as the cotangent of its ``quantizer_set``, so the gradient of the loss with respect to the
-``FP8Meta`` variables *is* the next state (x's and the kernel's quantizers updated with the
-forward's amaxes, the gradient's with the backward's: docs/numerics.md §4).
+``te_jax.dense`` returns the updated set as the cotangent of its ``quantizer_set``, so the
+gradient of the loss with respect to the ``FP8Meta`` variables *is* the next state (x's and the
+kernel's quantizers updated with the forward's amaxes, the gradient's with the backward's:
+docs/numerics.md §4). The forward writes the variables only with the same values, as a second
+handle on the state (``QuantizerState.__call__``): a module called twice in a step gets the
+calls' next states merged by max.
 """
 
 from __future__ import annotations
@@ -32,11 +34,19 @@ class QuantizerState(nnx.Module):
             setattr(self, name, FP8Meta(value))
 
     def __call__(self) -> QuantizerSet | None:
+        """The set for one use. Delayed scaling's variables then hold a second handle on the
+        same state (``QuantizerSet.share``), so a module called again in the same step reads
+        that one and the calls' next states merge by max in the backward, never add."""
         if self.recipe is None:
             return None
         qs = QuantizerSet.create(self.recipe)
         state = {name: getattr(self, name)[...] for name in qs.state()}
-        return qs.with_state(state) if state else qs
+        if not state:
+            return qs
+        now, later = qs.with_state(state).share()
+        for name, value in later.state().items():
+            getattr(self, name).set_value(value)  # rebinds: a restored value may be read-only
+        return now
 
 
 def update_fp8_state(model: nnx.Module, grads) -> None:
