@@ -404,3 +404,45 @@ def test_nnx_scan_over_steps_carrying_the_module():
     qs = QuantizerSet.create(RECIPES["max"])
     as_set = lambda q: qs.with_state({n: q[n][...] for n in qs.state()})
     _assert_same_state(as_set(got["quantizers"]), as_set(want["quantizers"]))
+
+
+def test_linen_gradient_accumulation_with_merge_fp8_metas():
+    x = _module_input(12)
+    recipe = RECIPES["max"]
+    mlp = tef.LayerNormMLP(2 * H, activations="gelu", recipe=recipe)
+    v = mlp.init(jax.random.PRNGKey(0), x)
+
+    def loss(fp8, x):
+        out, _ = mlp.apply({"params": v["params"], "fp8_metas": fp8}, x)
+        return jnp.sum(jnp.square(out.astype(jnp.float32)))
+
+    step = jax.jit(jax.grad(loss))
+    fp8 = step(v["fp8_metas"], x * 0.5)  # a step first: the state is not fresh
+    want = step(fp8, x)
+    news = [step(fp8, x[i : i + 2]) for i in (0, 2)]
+    got = tef.merge_fp8_metas(recipe, fp8, *news)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_nnx_gradient_accumulation_with_merge_fp8_state():
+    x = _module_input(13)
+    recipe = RECIPES["max"]
+    diff = nnx.DiffState(0, tnnx.FP8Meta)
+    model = tnnx.LayerNormMLP(H, 2 * H, activations="gelu", recipe=recipe, rngs=nnx.Rngs(0))
+    sq = lambda y: jnp.sum(jnp.square(y.astype(jnp.float32)))
+    step = nnx.jit(nnx.grad(lambda m, x: sq(m(x)[0]), argnums=diff))
+    want_model, acc_model = nnx.clone(model), nnx.clone(model)
+    tnnx.update_fp8_state(want_model, step(want_model, x))
+    tnnx.merge_fp8_state(acc_model, *[step(acc_model, x[i : i + 2]) for i in (0, 2)])
+    got = jax.tree.leaves(nnx.state(acc_model, tnnx.FP8Meta))
+    want = jax.tree.leaves(nnx.state(want_model, tnnx.FP8Meta))
+    assert len(got) == len(want) == 12
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_merge_fp8_metas_needs_the_recipe():
+    with pytest.raises(TypeError, match=r"merging FP8 states needs the modules' recipe"):
+        tef.merge_fp8_metas({}, {})

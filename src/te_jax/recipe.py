@@ -336,6 +336,35 @@ class QuantizerSet:
         return dataclasses.replace(getattr(self, role), q_layout=layout)
 
 
+def merge_state_dicts(recipe: Recipe, state, *updated):
+    """``QuantizerSet.merge_updates`` over nested mappings of state arrays named as the Flax
+    modules name them (``{gemm}_{role}_{field}``, e.g. ``wi_grad_amax_history``): ``state`` the
+    arrays the uses started from, each of ``updated`` one use's next state (same structure).
+    Returns a nested ``dict`` of the merged next state."""
+    if not isinstance(recipe, Recipe):
+        raise TypeError(
+            "te_jax: merging FP8 states needs the modules' recipe (te_jax.recipe.DelayedScaling"
+            f"(...)), got {type(recipe).__name__}"
+        )
+    fresh = QuantizerSet.create(recipe)
+    names = tuple(fresh.state())
+    suffix = "_" + names[0] if names else None
+    out = {}
+    for key, value in state.items():
+        ups = [u[key] for u in updated]
+        if not hasattr(value, "items"):
+            continue  # an array: merged with its quantizer set below
+        out[key] = merge_state_dicts(recipe, value, *ups)
+    gemms = sorted(k[: -len(suffix)] for k in state if suffix and k.endswith(suffix))
+    for gemm in gemms:
+        as_set = lambda d, g=gemm: fresh.with_state({n: d[f"{g}_{n}"] for n in names})
+        merged = as_set(state).merge_updates(*(as_set(u) for u in updated))
+        out.update({f"{gemm}_{n}": v for n, v in merged.state().items()})
+    for key, value in state.items():
+        out.setdefault(key, value)  # arrays of no quantizer set: as they were
+    return out
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _share(qs: QuantizerSet, n: int):
     return (qs,) * n

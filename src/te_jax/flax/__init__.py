@@ -9,7 +9,7 @@ which a training step takes as the next state (``update_fp8_metas``) and never h
 optimizer. docs/flax.md shows the training loop.
 """
 
-from te_jax.flax.fp8_state import FP8_COLLECTION, update_fp8_metas
+from te_jax.flax.fp8_state import FP8_COLLECTION, merge_fp8_metas, update_fp8_metas
 from te_jax.flax.modules import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "LayerNormMLP",
     "FP8_COLLECTION",
     "update_fp8_metas",
+    "merge_fp8_metas",
 ]

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 import flax.linen as nn
 
-from te_jax.recipe import QuantizerSet, Recipe
+from te_jax.recipe import QuantizerSet, Recipe, merge_state_dicts
 
-__all__ = ["FP8_COLLECTION", "quantizer_set", "update_fp8_metas"]
+__all__ = ["FP8_COLLECTION", "quantizer_set", "update_fp8_metas", "merge_fp8_metas"]
 
 FP8_COLLECTION = "fp8_metas"
 
@@ -57,3 +57,18 @@ def update_fp8_metas(variables: Mapping, grads: Mapping) -> dict:
     if FP8_COLLECTION in grads:
         out[FP8_COLLECTION] = grads[FP8_COLLECTION]
     return out
+
+
+def merge_fp8_metas(recipe: Recipe, fp8_metas: Mapping, *updated: Mapping) -> dict:
+    """The next ``"fp8_metas"`` collection when several uses of ``fp8_metas`` met: gradient
+    accumulation, each of ``updated`` the gradient with respect to ``fp8_metas`` of one
+    micro-batch's loss, all taken from the same ``fp8_metas``. Each quantizer takes the largest
+    of the micro-batches' amaxes (``QuantizerSet.merge_updates``), the state one step on the
+    whole batch gives; a sum of the gradients would add the states.
+
+    Args:
+      recipe: the modules' recipe (its margin, amax algorithm and formats).
+      fp8_metas: the collection the micro-batches started from.
+      *updated: the micro-batches' gradients with respect to it (their next states).
+    """
+    return merge_state_dicts(recipe, fp8_metas, *updated)

@@ -10,7 +10,7 @@ value is the gradient of the loss with respect to them: differentiate with
 docs/flax.md shows the training loop.
 """
 
-from te_jax.nnx.fp8_state import FP8Meta, QuantizerState, update_fp8_state
+from te_jax.nnx.fp8_state import FP8Meta, QuantizerState, merge_fp8_state, update_fp8_state
 from te_jax.nnx.modules import LayerNorm, LayerNormLinear, LayerNormMLP, Linear
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "FP8Meta",
     "QuantizerState",
     "update_fp8_state",
+    "merge_fp8_state",
 ]

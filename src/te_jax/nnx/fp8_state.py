@@ -15,7 +15,7 @@ from flax import nnx
 
 from te_jax.recipe import QuantizerSet, Recipe
 
-__all__ = ["FP8Meta", "QuantizerState", "update_fp8_state"]
+__all__ = ["FP8Meta", "QuantizerState", "update_fp8_state", "merge_fp8_state"]
 
 
 class FP8Meta(nnx.Variable):
@@ -54,3 +54,28 @@ def update_fp8_state(model: nnx.Module, grads) -> None:
     state), in place; a no-op where ``grads`` holds none (e.g. taken with respect to
     ``nnx.Param`` only)."""
     nnx.update(model, nnx.state(grads, FP8Meta))
+
+
+def merge_fp8_state(model: nnx.Module, *grads) -> None:
+    """Set every ``FP8Meta`` variable of ``model`` to the merge of several uses' next states, in
+    place: gradient accumulation, each of ``grads`` the gradient (with respect to the
+    ``FP8Meta`` variables) of one micro-batch's loss, all taken from ``model``'s current state.
+    Each quantizer takes the largest of the micro-batches' amaxes
+    (``QuantizerSet.merge_updates``), the state one step on the whole batch gives; a sum of the
+    gradients would add the states."""
+    for path, module in nnx.iter_modules(model):
+        if not isinstance(module, QuantizerState) or module.recipe is None:
+            continue
+        qs = QuantizerSet.create(module.recipe)
+        names = tuple(qs.state())
+        if not names:
+            continue
+        current = qs.with_state({n: getattr(module, n)[...] for n in names})
+        ups = []
+        for g in grads:
+            node = g
+            for key in path:
+                node = node[key]
+            ups.append(qs.with_state({n: node[n][...] for n in names}))
+        for name, value in current.merge_updates(*ups).state().items():
+            getattr(module, name).set_value(value)
