@@ -1,5 +1,6 @@
 """Bad input raises a Python exception naming the problem at trace time (under jax.eval_shape:
-no kernel runs), for every public op and implementation; float64 is served by the pure-JAX path
+no kernel runs), for every public op and implementation (te_jax.dense and te_jax.fused_mlp name
+what the caller wrote and the fix); float64 is served by the pure-JAX path
 (not an error) unless implementation="ffi"; an object that is not a te_jax quantizer is a
 TypeError (the quantizers' own errors: tests/quantize/)."""
 
@@ -15,6 +16,7 @@ import pytest
 import float64_oracle as oracle
 import te_jax
 from helpers import ACT_BY_ALIAS, assert_dbias_matches, enable_x64, make_dz, make_x
+from te_jax.normalization import layernorm
 
 IMPLS = [None, "ffi", "xla"]
 OPS = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
@@ -213,3 +215,164 @@ def test_float64_with_ffi_is_a_type_error(op):
         msg = _raises(TypeError, op, (4, 8), (4, 8), dtype=jnp.float64, implementation="ffi")
     for name in ("float32", "bfloat16", "float16"):
         assert name in msg, f"the message should say which dtypes the kernels take: {msg}"
+
+
+# --- te_jax.dense / te_jax.fused_mlp / te_jax.layernorm: what the caller wrote, and the fix ------
+
+BF16 = jnp.bfloat16
+
+
+def _dense_fn(x_shape, k_shape, recipe=None, grad=False, act=None, **kw):
+    """``te_jax.dense`` traced abstractly (its gradient with respect to x and the kernel where
+    ``grad``)."""
+
+    def f(x, k):
+        qs = None if recipe is None else te_jax.QuantizerSet.create(recipe)
+        y = te_jax.dense(x, k, activation_type=act, quantizer_set=qs, **kw)
+        return jnp.sum(y.astype(jnp.float32))
+
+    f = jax.grad(f, argnums=(0, 1)) if grad else f
+    return lambda: jax.eval_shape(
+        f, jax.ShapeDtypeStruct(x_shape, BF16), jax.ShapeDtypeStruct(k_shape, jnp.float32)
+    )
+
+
+def _mlp_fn(x_shape, inter, recipe, grad, argnums=(0, 1)):
+    """``te_jax.fused_mlp`` (H -> inter -> H) traced abstractly."""
+    h = x_shape[-1]
+
+    def f(x, k1, k2):
+        qs = (te_jax.QuantizerSet.create(recipe), te_jax.QuantizerSet.create(recipe))
+        return jnp.sum(te_jax.fused_mlp(x, k1, k2, None, None, "gelu", qs).astype(jnp.float32))
+
+    f = jax.grad(f, argnums=argnums) if grad else f
+    s = jax.ShapeDtypeStruct
+    return lambda: jax.eval_shape(
+        f, s(x_shape, BF16), s((h, inter), jnp.float32), s((inter, h), jnp.float32)
+    )
+
+
+def _grad_x_only(x_shape, k_shape, recipe):
+    """The gradient with respect to x alone (the kernel a constant)."""
+    k = jnp.ones(k_shape, jnp.float32)
+    qs = te_jax.QuantizerSet.create(recipe)
+    f = jax.grad(lambda x: jnp.sum(te_jax.dense(x, k, quantizer_set=qs).astype(jnp.float32)))
+    return lambda: jax.eval_shape(f, jax.ShapeDtypeStruct(x_shape, BF16))
+
+
+MX = te_jax.recipe.MXFP8BlockScaling()
+_TOKENS = (
+    r"differentiating under MXFP8_1D_SCALING \(MXFP8BlockScaling\): the tokens \(batch × "
+    r"sequence: the product of x's leading axes {lead}\) must be a multiple of 32 \(the wgrad "
+    r"GEMM contracts over them in blocks of 32\); x of shape {shape} has {n}\. Pad the batch or "
+    r"sequence so that batch × sequence is a multiple of 32"
+)
+
+DENSE_ERRORS = {
+    "kernel-without-output-axis": (
+        _dense_fn((4, 64), (64,)),
+        ValueError,
+        r"te_jax.dense: the kernel has no output axis: it must have at least 2 axes "
+        r"\(K, N\.\.\.\): K contracted with x's last axis, then the output axes N\.\.\.; got "
+        r"kernel shape \(64,\) for x of shape \(4, 64\)\. For one output per row use "
+        r"kernel\[\.\.\., None\] \(shape \(64, 1\)\)",
+    ),
+    "kernel-without-output-axis-two-contracted": (
+        _dense_fn((4, 8, 8), (8, 8), contracting_dims=((-2, -1), (0, 1))),
+        ValueError,
+        r"te_jax.dense: the kernel has no output axis: it must have at least 3 axes "
+        r"\(K\.\.\., N\.\.\.\): 2 axes K\.\.\. contracted with x's last 2 axes.*got kernel "
+        r"shape \(8, 8\)",
+    ),
+    "mxfp8-tokens-8": (
+        _dense_fn((8, 64), (64, 64), MX, grad=True),
+        ValueError,
+        "te_jax.dense: " + _TOKENS.format(lead=r"\(8,\)", shape=r"\(8, 64\)", n=8),
+    ),
+    "mxfp8-tokens-batch-x-sequence": (
+        _dense_fn((2, 4, 64), (64, 64), MX, grad=True),
+        ValueError,
+        "te_jax.dense: " + _TOKENS.format(lead=r"\(2, 4\)", shape=r"\(2, 4, 64\)", n=8),
+    ),
+    "mxfp8-tokens-grad-x-only": (
+        _grad_x_only((2, 4, 64), (64, 64), MX),
+        ValueError,
+        "te_jax.dense: " + _TOKENS.format(lead=r"\(2, 4\)", shape=r"\(2, 4, 64\)", n=8),
+    ),
+    "mxfp8-output-size": (
+        _dense_fn((32, 64), (64, 40), MX, grad=True),
+        ValueError,
+        r"te_jax.dense: differentiating under MXFP8_1D_SCALING \(MXFP8BlockScaling\): the output "
+        r"size N must be a multiple of 32 \(the dgrad GEMM contracts over it in blocks of 32\); "
+        r"kernel shape \(64, 40\) has N = 40",
+    ),
+    "mxfp8-gated-output-size": (
+        _dense_fn((32, 64), (64, 2, 40), MX, grad=True, act="swiglu"),
+        ValueError,
+        r"te_jax.dense: differentiating under MXFP8.*kernel shape \(64, 2, 40\) has N = 40",
+    ),
+    "mxfp8-tokens-and-output-size": (
+        _dense_fn((8, 64), (64, 40), MX, grad=True),
+        ValueError,
+        r"te_jax.dense: differentiating under MXFP8.*x of shape \(8, 64\) has 8.*; and the output "
+        r"size N must be a multiple of 32.*N = 40\. Use features.*; or train with "
+        r"DelayedScaling\(\) / CurrentScaling\(\)",
+    ),
+    "mxfp8-contracted-size": (
+        _dense_fn((32, 40), (40, 64), MX),
+        ValueError,
+        r"te_jax.dense: MXFP8_1D_SCALING \(MXFP8BlockScaling\) quantizes x and the kernel in "
+        r"blocks of 32 along K, the contracted size: K = 40 \(x's contracting axes \(40,\), x "
+        r"shape \(32, 40\), kernel shape \(40, 64\)\) is not a multiple of 32",
+    ),
+    "fused_mlp-mxfp8-tokens": (
+        _mlp_fn((2, 4, 64), 64, MX, grad=True),
+        ValueError,
+        "te_jax.fused_mlp: " + _TOKENS.format(lead=r"\(2, 4\)", shape=r"\(2, 4, 64\)", n=8),
+    ),
+    "fused_mlp-mxfp8-tokens-grad-x-only": (
+        _mlp_fn((2, 4, 64), 64, MX, grad=True, argnums=0),
+        ValueError,
+        "te_jax.fused_mlp: " + _TOKENS.format(lead=r"\(2, 4\)", shape=r"\(2, 4, 64\)", n=8),
+    ),
+    "fused_mlp-mxfp8-intermediate": (
+        _mlp_fn((32, 64), 40, MX, grad=False),
+        ValueError,
+        r"te_jax.fused_mlp: MXFP8_1D_SCALING \(MXFP8BlockScaling\) quantizes .* K = 40",
+    ),
+    "layernorm-int-x": (
+        lambda: layernorm(jnp.ones((2, 8), jnp.int32), jnp.ones((8,))),
+        TypeError,
+        r"te_jax.layernorm: x must be a float array, got int32",
+    ),
+    "layernorm-scalar-x": (
+        lambda: layernorm(jnp.ones(()), jnp.ones((8,))),
+        ValueError,
+        r"te_jax.layernorm: x must have a feature axis \(\.\.\., H\), got a scalar",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DENSE_ERRORS))
+def test_dense_level_errors_name_the_input_and_the_fix(case):
+    call, exc, match = DENSE_ERRORS[case]
+    with pytest.raises(exc, match=match) as info:
+        call()
+    assert type(info.value) is exc, type(info.value)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [_dense_fn((2, 4, 64), (64, 40), MX), _mlp_fn((2, 4, 64), 40 + 24, MX, grad=False)],
+    ids=["dense", "fused_mlp"],
+)
+def test_mxfp8_forward_alone_takes_any_token_count(call):
+    """The tokens and the output size only matter to the backward's GEMMs."""
+    call()
+
+
+def test_quantize_keeps_its_own_axis_message():
+    """Called directly, quantize names its axis (it knows no tokens)."""
+    q = te_jax.quantize.MXFP8Quantizer(jnp.float8_e4m3fn, te_jax.quantize.QuantizeLayout.COLWISE)
+    with pytest.raises(ValueError, match=r"te_jax.quantize: .*innermost leading axis \(axis 0"):
+        jax.eval_shape(lambda x: te_jax.quantize(x, q), jax.ShapeDtypeStruct((8, 64), BF16))

@@ -204,8 +204,15 @@ def _prepare(
             f"{where}: {act.name.lower()} is gated: the kernel must be (K, 2, N) (activation "
             f"columns at index 0 of axis -2, linear at 1), got kernel shape {k_shape}"
         )
-    if act is not None and not features:
-        raise ValueError(f"{where}: the kernel has no output axis (shape {k_shape})")
+    if not features:
+        # The contracting axes take the whole kernel: no output axis is left for N.
+        k_axes = "(K, N...): K" if n_c == 1 else f"(K..., N...): {n_c} axes K..."
+        raise ValueError(
+            f"{where}: the kernel has no output axis: it must have at least {n_c + 1} axes "
+            f"{k_axes} contracted with x's last {'axis' if n_c == 1 else f'{n_c} axes'}, then "
+            f"the output axes N...; got kernel shape {k_shape} for x of shape {x_shape}. For "
+            f"one output per row use kernel[..., None] (shape {k_shape + (1,)})"
+        )
     if bias is not None:
         if not jnp.issubdtype(jnp.result_type(bias), jnp.floating):
             raise TypeError(
@@ -235,6 +242,8 @@ def _prepare(
             )
     if quantized_x:
         _check_quantized_x(where, x, qs, n_c, contracting_dims)
+    if qs is not None and qs.scaling_mode.block_size is not None:
+        kernel = _check_block_shapes(where, qs.scaling_mode, x, x_shape, k_shape, n_c, act, kernel)
     if dtype == jnp.float64 and qs is not None:
         raise TypeError(f"{where}: FP8 recipes take float32/bfloat16/float16 x, got float64")
     # Unquantized, the kernel is cast to x's dtype; under a recipe it is quantized from its own
@@ -306,6 +315,63 @@ def _check_quantized_x(where, x: ScaledTensor, qs, n_c, contracting_dims):
         )
     if n_c != 1:
         raise ValueError(f"{where}: a quantized x contracts over its last axis only")
+
+
+def _check_block_shapes(where, mode, x, x_shape, k_shape, n_c, act, kernel):
+    """Block scaling's sizes at the dense level: K (the forward's contracting size) now; the
+    tokens M (wgrad's) and the output size N (dgrad's) only where the call is differentiated,
+    so a forward alone keeps taking any token count. Returns the kernel (guarded if needed)."""
+    block, name = mode.block_size, f"{mode.name} (MXFP8BlockScaling)"
+    lead, contract, features = x_shape[: len(x_shape) - n_c], k_shape[:n_c], k_shape[n_c:]
+    k = math.prod(contract)
+    if k % block:
+        raise ValueError(
+            f"{where}: {name} quantizes x and the kernel in blocks of {block} along K, the "
+            f"contracted size: K = {k} (x's contracting axes {contract}, x shape {x_shape}, "
+            f"kernel shape {k_shape}) is not a multiple of {block}. Use hidden / intermediate "
+            f"sizes that are multiples of {block}, or DelayedScaling() / CurrentScaling(), which "
+            "take any size"
+        )
+    # The kernel's rowwise blocks (dgrad) run along its last output axis; a non-gated
+    # activation's dgrad folds the output axes into one.
+    n = math.prod(features) if act is not None and not act.is_gated else features[-1]
+    tokens = math.prod(lead)
+    problems = []
+    if tokens % block:
+        problems.append(
+            f"the tokens (batch × sequence: the product of x's leading axes {lead}) must be a "
+            f"multiple of {block} (the wgrad GEMM contracts over them in blocks of {block}); x "
+            f"of shape {x_shape} has {tokens}. Pad the batch or sequence so that batch × "
+            f"sequence is a multiple of {block}"
+        )
+    if n % block:
+        problems.append(
+            f"the output size N must be a multiple of {block} (the dgrad GEMM contracts over it "
+            f"in blocks of {block}); kernel shape {k_shape} has N = {n}. Use features / "
+            f"intermediate sizes that are multiples of {block}"
+        )
+    if not problems:
+        return kernel
+    message = (
+        f"{where}: differentiating under {name}: {'; and '.join(problems)}; or train with "
+        "DelayedScaling() / CurrentScaling(), which take any size (the forward alone runs)"
+    )
+    return _raise_if_differentiated(kernel, x if isinstance(x, jax.Array) else None, message)
+
+
+def _raise_if_differentiated(kernel, x, message: str):
+    """``kernel`` unchanged; differentiating through it or ``x`` raises ``ValueError(message)``
+    at trace time (the custom_vjp's forward rule runs only under differentiation)."""
+
+    @jax.custom_vjp
+    def guard(k, _):
+        return k
+
+    def fwd(k, _):
+        raise ValueError(message)
+
+    guard.defvjp(fwd, lambda res, g: (g, None))
+    return guard(kernel, x)
 
 
 def _gemm_on_kernel(where: str, impl: str | None, dtype) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dense import dense
@@ -34,6 +35,10 @@ from te_jax.sharding import gather_sequence, split_sequence
 __all__ = [
     "resolve_activation",
     "check_recipe",
+    "check_dtype",
+    "compute_dtype",
+    "check_sizes",
+    "check_input_features",
     "dense_general",
     "layernorm_mlp",
     "normalize_axes",
@@ -63,18 +68,101 @@ def resolve_activation(
         try:
             return act, ActivationParams.create(act, **activation_params)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"{where}: activation_params {activation_params}: {e}") from None
+            raise ValueError(f"{where}: activation_params {dict(activation_params)}: {e}") from None
     return act, ActivationParams.resolve(act, activation_params)
 
 
 def check_recipe(where: str, recipe) -> Recipe | None:
     """``recipe`` if it is a ``te_jax.recipe`` recipe or ``None``, else a TypeError."""
+    if isinstance(recipe, type) and issubclass(recipe, Recipe):
+        raise TypeError(
+            f"{where}: recipe must be a recipe instance, got the class {recipe.__name__}: write "
+            f"{recipe.__name__}() (with its options)"
+        )
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(
             f"{where}: recipe must be te_jax.recipe.DelayedScaling(), CurrentScaling(), "
             f"MXFP8BlockScaling() or None, got {type(recipe).__name__}"
         )
     return recipe
+
+
+_MODULE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64))
+_MODULE_DTYPE_NAMES = "float32, bfloat16 or float16 (or float64)"
+
+
+def check_dtype(where: str, field: str, value) -> jnp.dtype:
+    """A module's dtype field (``dtype``, ``param_dtype``) as a dtype the modules compute or
+    store in, or a TypeError naming the field and the value."""
+    try:
+        dt = jnp.dtype(value)
+    except TypeError:
+        raise TypeError(
+            f"{where}: {field}={value!r} is not a dtype; use jnp.float32, jnp.bfloat16 or "
+            "jnp.float16"
+        ) from None
+    if dt not in _MODULE_DTYPES:
+        raise TypeError(f"{where}: {field} must be {_MODULE_DTYPE_NAMES}, got {dt.name}")
+    return dt
+
+
+def compute_dtype(where: str, dtype, x) -> jnp.dtype:
+    """The dtype a module computes in: its ``dtype`` field, or (``None``) the input's, which must
+    then be one the modules compute in."""
+    if dtype is not None:
+        return check_dtype(where, "dtype", dtype)
+    dt = jnp.dtype(jnp.result_type(x))
+    if dt not in _MODULE_DTYPES:
+        raise TypeError(
+            f"{where}: the input is {dt.name}; the module computes in {_MODULE_DTYPE_NAMES}: "
+            "cast the input, or set the module's dtype= to one of them"
+        )
+    return dt
+
+
+def check_sizes(where: str, field: str, value, sequence: bool = True) -> tuple[int, ...]:
+    """A module's size field (``features``, ``hidden_size``...: a positive int, or where
+    ``sequence`` a sequence of them) as a tuple; a TypeError / ValueError naming the field."""
+    sizes = tuple(value) if sequence and isinstance(value, Sequence) else (value,)
+    kind = "a positive int" + (" or a sequence of them" if sequence else "")
+    # bool is an int subclass, never a size.
+    if not sizes or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in sizes):
+        raise TypeError(f"{where}: {field} must be {kind}, got {value!r}")
+    if any(v <= 0 for v in sizes):
+        raise ValueError(f"{where}: {field} must be {kind}, got {value!r}")
+    return tuple(int(v) for v in sizes)
+
+
+def check_input_features(
+    where: str, x_shape, axes: Sequence[int] | None, built: Sequence[int], built_for: str, fix: str
+) -> None:
+    """The input's feature axes (``axes``; ``None``: its trailing ``len(built)``) against the
+    sizes ``built`` the module's parameters were made for: a ValueError naming the input's
+    shape, ``built_for`` (what fixed ``built``) and ``fix`` (the other way out)."""
+    x_shape, built = tuple(x_shape), tuple(built)
+    n = len(built)
+    want = f"(..., {', '.join(map(str, built))})"
+    if axes is None:
+        if len(x_shape) < n:
+            axes_text = "no feature axis" if n == 1 else f"fewer than {n} axes"
+            raise ValueError(
+                f"{where}: the input (shape {x_shape}) has {axes_text}, but {built_for}: give it "
+                f"inputs of shape {want}"
+            )
+        axes = tuple(range(len(x_shape) - n, len(x_shape)))
+    got = tuple(x_shape[a] for a in axes)
+    if got == built:
+        return
+    if tuple(axes) != tuple(range(len(x_shape) - n, len(x_shape))):
+        which, want = f"axes {tuple(axes)} are {got}", f"axes {tuple(axes)} of sizes {built}"
+    elif n == 1:
+        which = f"last axis has size {got[0]}"
+    else:
+        which = f"last {n} axes are {got}"
+    raise ValueError(
+        f"{where}: the input's {which} (input shape {x_shape}), but {built_for}: give it "
+        f"inputs of shape {want}, or {fix}"
+    )
 
 
 def normalize_axes(where: str, axis: int | Sequence[int], ndim: int) -> tuple[int, ...]:

@@ -56,6 +56,12 @@ def layernorm(
     """
     where = "te_jax.layernorm"
     kind = check_norm_type(where, layernorm_type)
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        raise TypeError(
+            f"{where}: x must be a float array, got {jnp.dtype(jnp.result_type(x)).name}"
+        )
+    if jnp.ndim(x) == 0:
+        raise ValueError(f"{where}: x must have a feature axis (..., H), got a scalar")
     h = jnp.shape(x)[-1]
     if jnp.shape(gamma) != (h,):
         raise ValueError(

@@ -50,6 +50,8 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from te_jax.quantize import formats
 from te_jax.quantize.quantize_layout import QuantizeLayout
@@ -371,14 +373,30 @@ def _share(qs: QuantizerSet, n: int):
 
 
 def _share_fwd(qs, n):
+    qs = jax.tree.map(lambda p: p.value, qs)  # symbolic_zeros: CustomVJPPrimal leaves
     return (qs,) * n, qs
 
 
 def _share_bwd(n, qs, cts):
-    return (qs.merge_updates(*cts),)
+    # Handles whose state reached no loss have symbolic-zero cotangents: they contributed
+    # nothing. One contribution is already the next state (merging it alone is the identity).
+    used = [
+        jax.tree.map(lambda v: v.instantiate() if _zero(v) else v, ct, is_leaf=_zero)
+        for ct in cts
+        if not all(_zero(leaf) for leaf in jax.tree.leaves(ct, is_leaf=_zero))
+    ]
+    if not used:
+        return (jax.tree.map(jnp.zeros_like, qs),)
+    if len(used) == 1:
+        return (used[0],)
+    return (qs.merge_updates(*used),)
 
 
-_share.defvjp(_share_fwd, _share_bwd)
+def _zero(leaf) -> bool:
+    return isinstance(leaf, SymbolicZero)
+
+
+_share.defvjp(_share_fwd, _share_bwd, symbolic_zeros=True)
 
 
 def _flatten_with_keys(qs: QuantizerSet):

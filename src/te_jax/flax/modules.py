@@ -21,9 +21,9 @@ import jax.numpy as jnp
 
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
-from te_jax.flax.fp8_state import quantizer_set
+from te_jax.flax.fp8_state import FP8_COLLECTION, quantizer_set
 from te_jax.normalization import check_norm_type, layernorm
-from te_jax.recipe import Recipe
+from te_jax.recipe import QuantizerSet, Recipe
 
 __all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
 
@@ -31,25 +31,109 @@ Initializer = Callable[..., jax.Array]
 _KERNEL_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
-def _param(module: nn.Module, name: str, init: Initializer, axes, shape, dtype):
-    """``module.param`` with logical axis names ``axes`` (``None``: no names)."""
+def _param(module: nn.Module, name: str, init: Initializer, axes, shape, dtype, where: str):
+    """``module.param`` with logical axis names ``axes`` (``None``: no names); variables given
+    that do not fit this module (another shape, or none) are a te_jax error naming the fix."""
+    shape = tuple(shape)
+    layers.check_dtype(where, "param_dtype", dtype)
+    if module.has_variable("params", name):
+        have = _stored_shape(module, name)
+        if have != shape:
+            raise ValueError(
+                f"{where}: parameter {name!r} is {have} in the variables given, but this module "
+                f"and input make it {shape}: the variables come from a module with other fields "
+                "(features, intermediate_dim, activation...) or another input size; build the "
+                "module as it was when initialized, or initialize it again (module.init)"
+            )
+    elif not module.is_mutable_collection("params"):
+        raise ValueError(
+            f"{where}: the variables given have no parameter {name!r} (shape {shape}): they come "
+            "from a module with other fields (use_bias, enable_layernorm, layernorm_type...); "
+            "build the module as it was when initialized, or initialize it again (module.init)"
+        )
     if axes is not None:
         init = nn.with_logical_partitioning(init, axes)
-    return module.param(name, init, tuple(shape), dtype)
+    return module.param(name, init, shape, dtype)
 
 
-def _compute_dtype(dtype, x):
-    return jnp.dtype(dtype) if dtype is not None else jnp.result_type(x)
+def _stored_shape(module: nn.Module, name: str) -> tuple[int, ...]:
+    """The shape of the parameter ``name`` in the variables given (boxed or not)."""
+    return tuple(nn.unbox(module.get_variable("params", name)).shape)
 
 
-def _kernel(module, name, init, axes, shape, n_in, gated, param_dtype):
+def _check_input(module, where: str, x_shape, axes, param: str) -> None:
+    """The input's feature axes ``axes`` against the sizes the variables were initialized for
+    (the leading axes of ``param``), before Flax's own shape error could name the parameter
+    only."""
+    if module.has_variable("params", param):
+        stored = _stored_shape(module, param)
+        built = stored[: len(axes)]
+        layers.check_input_features(
+            where,
+            x_shape,
+            axes,
+            built,
+            f"the module's variables were initialized for {built[0] if len(built) == 1 else built}"
+            f" ({param} of shape {stored})",
+            "initialize the module (module.init) on inputs of this size",
+        )
+
+
+def _compute_dtype(where: str, dtype, x):
+    return layers.compute_dtype(where, dtype, x)
+
+
+def _quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str, where: str):
+    """``fp8_state.quantizer_set``, once delayed scaling's variables are known to be there (or
+    creatable): their absence is a te_jax error naming the fix, not Flax's."""
+    names = [f"{gemm}_{n}" for n in QuantizerSet.create(recipe).state()]
+    if (
+        names
+        and not module.has_variable(FP8_COLLECTION, names[0])
+        and not module.is_mutable_collection(FP8_COLLECTION)
+    ):
+        raise ValueError(_missing_fp8_state(module, recipe, names[0], where))
+    return quantizer_set(module, recipe, gemm)
+
+
+def _missing_fp8_state(module: nn.Module, recipe: Recipe, name: str, where: str) -> str:
+    """Why delayed scaling's variable ``name`` is missing here, and the fix."""
+    recipe_name, path = type(recipe).__name__, module.scope.path_text
+    head = (
+        f"{where}: recipe={recipe_name}() keeps its FP8 state in the {FP8_COLLECTION!r} "
+        f"collection, but"
+    )
+    lifted_fix = (
+        f'list "{FP8_COLLECTION}" beside "params" in the nn.scan (or nn.vmap, another Flax lifted '
+        f'transform) around the module: variable_axes={{"params": 0, "{FP8_COLLECTION}": 0}} '
+        "(or in variable_broadcast / variable_carry)"
+    )
+    no_recipe = (
+        "the module was initialized without a delayed-scaling recipe (recipe=None, or a "
+        f"stateless one): initialize it again with recipe={recipe_name}(...), or add the state "
+        f'to these variables: _, state = module.apply(variables, x, mutable=["{FP8_COLLECTION}"]); '
+        "variables = {**variables, **state}"
+    )
+    if module.is_initializing():
+        # At init the collection is always created, unless a lifted transform hides it.
+        return f"{head} it cannot be created here ({name!r} at {path}): {lifted_fix}"
+    if "(" in path:
+        # A lifted transform shows in the scope path ("/scan(...)/..."): it may be the cause.
+        return (
+            f"{head} the variables seen here hold no {name!r} (at {path}). Either {lifted_fix}; "
+            f"or {no_recipe}"
+        )
+    return f"{head} the variables given hold no {name!r} (at {path}): {no_recipe}"
+
+
+def _kernel(module, name, init, axes, shape, n_in, gated, param_dtype, where):
     """A kernel parameter initialised by ``layers.init_kernel`` (fan-in over the contracted
     axes, gated halves separately)."""
 
     def kernel_init(key, shape, dtype):
         return layers.init_kernel(init, key, shape, n_in, gated, dtype)
 
-    return _param(module, name, kernel_init, axes, shape, param_dtype)
+    return _param(module, name, kernel_init, axes, shape, param_dtype, where)
 
 
 class _NormParams:
@@ -68,6 +152,7 @@ class _NormParams:
             layers.fit_axes(where, module.scale_axes, (hidden,), False),
             (hidden,),
             module.param_dtype,
+            where,
         )
         beta = None
         if kind == "layernorm":
@@ -78,6 +163,7 @@ class _NormParams:
                 layers.fit_axes(where, module.ln_bias_axes, (hidden,), False),
                 (hidden,),
                 module.param_dtype,
+                where,
             )
         return gamma, beta
 
@@ -102,8 +188,13 @@ class LayerNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., H)`` → ``(..., H)`` in the compute dtype."""
-        x = jnp.asarray(x).astype(_compute_dtype(self.dtype, x))
-        gamma, beta = _NormParams.create(self, x.shape[-1], "te_jax.flax.LayerNorm")
+        where = "te_jax.flax.LayerNorm"
+        x = jnp.asarray(x)
+        x = x.astype(_compute_dtype(where, self.dtype, x))
+        if x.ndim == 0:
+            raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
+        _check_input(self, where, x.shape, (x.ndim - 1,), "scale")
+        gamma, beta = _NormParams.create(self, x.shape[-1], where)
         return layernorm(
             x,
             gamma,
@@ -139,10 +230,10 @@ class DenseGeneral(nn.Module):
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """``inputs (..., *in)`` → ``(..., *features)`` in the compute dtype."""
+        where = "te_jax.flax.DenseGeneral"
         x = jnp.asarray(inputs)
-        return _dense_general(
-            self, x.astype(_compute_dtype(self.dtype, x)), self.axis, "te_jax.flax.DenseGeneral"
-        )
+        x = x.astype(_compute_dtype(where, self.dtype, x))
+        return _dense_general(self, x, self.axis, where)
 
 
 def _dense_general(module, x, axis, where: str):
@@ -151,8 +242,8 @@ def _dense_general(module, x, axis, where: str):
     act, params = layers.resolve_activation(where, module.activation, module.activation_params)
     recipe = layers.check_recipe(where, module.recipe)
     axes = layers.normalize_axes(where, axis, x.ndim)
-    feats = module.features
-    features = (feats,) if isinstance(feats, int) else tuple(feats)
+    features = layers.check_sizes(where, "features", module.features)
+    _check_input(module, where, x.shape, axes, "kernel")
     gated = act is not None and act.is_gated
     k_shape = layers.dense_kernel_shape([x.shape[a] for a in axes], features, act)
     kernel_axes = layers.fit_axes(where, module.kernel_axes, k_shape, False)
@@ -165,6 +256,7 @@ def _dense_general(module, x, axis, where: str):
         len(axes),
         gated,
         module.param_dtype,
+        where,
     )
     bias = None
     if module.use_bias:
@@ -176,6 +268,7 @@ def _dense_general(module, x, axis, where: str):
             layers.fit_axes(where, module.bias_axes, b_shape, False),
             b_shape,
             module.param_dtype,
+            where,
         )
     return layers.dense_general(
         x,
@@ -184,7 +277,7 @@ def _dense_general(module, x, axis, where: str):
         axis=axes,
         activation_type=act,
         act_params=params,
-        quantizer_set=quantizer_set(module, recipe, "kernel"),
+        quantizer_set=_quantizer_set(module, recipe, "kernel", where),
         implementation=module.implementation,
         kernel_axes=kernel_axes,
     )
@@ -225,7 +318,10 @@ class LayerNormDenseGeneral(nn.Module):
         """``inputs (..., H)`` → ``(y (..., *features), ln_out (..., H) or None)``."""
         where = "te_jax.flax.LayerNormDenseGeneral"
         x = jnp.asarray(inputs)
-        x = x.astype(_compute_dtype(self.dtype, x))
+        x = x.astype(_compute_dtype(where, self.dtype, x))
+        if x.ndim == 0:
+            raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
+        _check_input(self, where, x.shape, (x.ndim - 1,), "kernel")
         ln_out = x
         if self.enable_layernorm:
             gamma, beta = _NormParams.create(self, x.shape[-1], where)
@@ -295,9 +391,13 @@ class LayerNormMLP(nn.Module):
                 f"{where}: intermediate_dropout_rate must be in [0, 1), got "
                 f"{self.intermediate_dropout_rate}"
             )
+        inter = layers.check_sizes(where, "intermediate_dim", self.intermediate_dim, False)[0]
         x = jnp.asarray(inputs)
-        x = x.astype(_compute_dtype(self.dtype, x))
-        hidden, inter, gated = x.shape[-1], self.intermediate_dim, act.is_gated
+        x = x.astype(_compute_dtype(where, self.dtype, x))
+        if x.ndim == 0:
+            raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
+        _check_input(self, where, x.shape, (x.ndim - 1,), "wi_kernel")
+        hidden, gated = x.shape[-1], act.is_gated
         gamma = beta = None
         if self.enable_layernorm:
             gamma, beta = _NormParams.create(self, hidden, where)
@@ -313,6 +413,7 @@ class LayerNormMLP(nn.Module):
             1,
             gated,
             self.param_dtype,
+            where,
         )
         k2 = _kernel(
             self,
@@ -323,6 +424,7 @@ class LayerNormMLP(nn.Module):
             1,
             False,
             self.param_dtype,
+            where,
         )
         b1 = b2 = None
         if self.use_bias:
@@ -333,6 +435,7 @@ class LayerNormMLP(nn.Module):
                 layers.fit_axes(where, self.bias_axes_1, k1_shape[1:], not gated),
                 k1_shape[1:],
                 self.param_dtype,
+                where,
             )
             b2 = _param(
                 self,
@@ -341,9 +444,18 @@ class LayerNormMLP(nn.Module):
                 layers.fit_axes(where, self.bias_axes_2, (hidden,), False),
                 (hidden,),
                 self.param_dtype,
+                where,
             )
         dropout = None
         if self.intermediate_dropout_rate > 0.0 and not deterministic:
+            # Flax falls back to the "params" rng for a missing stream.
+            if not self.has_rng(self.dropout_rng_name) and not self.has_rng("params"):
+                raise ValueError(
+                    f"{where}: intermediate_dropout_rate={self.intermediate_dropout_rate} draws "
+                    f"from the {self.dropout_rng_name!r} rng, which apply was not given: pass "
+                    f"rngs={{{self.dropout_rng_name!r}: key}}, or deterministic=True for no "
+                    "dropout"
+                )
             drop = nn.Dropout(
                 rate=self.intermediate_dropout_rate,
                 broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
@@ -366,7 +478,10 @@ class LayerNormMLP(nn.Module):
             layernorm_type=self.layernorm_type,
             zero_centered_gamma=self.zero_centered_gamma,
             epsilon=self.epsilon,
-            quantizer_sets=(quantizer_set(self, recipe, "wi"), quantizer_set(self, recipe, "wo")),
+            quantizer_sets=(
+                _quantizer_set(self, recipe, "wi", where),
+                _quantizer_set(self, recipe, "wo", where),
+            ),
             dropout=dropout,
             implementation=self.implementation,
             kernel_axes=(axes_1, axes_2),

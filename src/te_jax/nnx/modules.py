@@ -45,12 +45,31 @@ def _logical_axes(param: nnx.Param):
     return param.get_metadata().get("out_sharding")
 
 
-def _compute_dtype(dtype, x):
-    return jnp.dtype(dtype) if dtype is not None else jnp.result_type(x)
+def _compute_dtype(where: str, dtype, x):
+    return layers.compute_dtype(where, dtype, x)
 
 
-def _as_tuple(v) -> tuple[int, ...]:
-    return (v,) if isinstance(v, int) else tuple(v)
+def _check_dtypes(where: str, dtype, param_dtype) -> None:
+    """The constructor's dtypes, checked where they are written rather than at the first call."""
+    if dtype is not None:
+        layers.check_dtype(where, "dtype", dtype)
+    layers.check_dtype(where, "param_dtype", param_dtype)
+
+
+def _check_input(where: str, x, field: str, built: tuple[int, ...]) -> None:
+    """The input's trailing feature axes against the sizes the module was built for (its
+    constructor's ``field``), before a lower layer names only its own operands."""
+    shape, n = tuple(jnp.shape(x)), len(built)
+    show = (lambda t: t[0]) if n == 1 else (lambda t: t)  # noqa: E731
+    got = shape[len(shape) - n :] if len(shape) >= n else None
+    layers.check_input_features(
+        where,
+        shape,
+        None,
+        built,
+        f"the module was built with {field}={show(built)}",
+        f"build it with {field}={show(got)}" if got is not None else "",
+    )
 
 
 class _Norm:
@@ -124,6 +143,9 @@ class LayerNorm(nnx.Module):
         param_dtype: Any = jnp.float32,
         rngs: nnx.Rngs,
     ):
+        where = "te_jax.nnx.LayerNorm"
+        _check_dtypes(where, dtype, param_dtype)
+        num_features = layers.check_sizes(where, "num_features", num_features, False)[0]
         self.dtype = dtype
         _Norm.setup(
             self,
@@ -137,13 +159,15 @@ class LayerNorm(nnx.Module):
             ln_bias_axes,
             param_dtype,
             rngs,
-            "te_jax.nnx.LayerNorm",
+            where,
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., H)`` → ``(..., H)`` in the compute dtype."""
+        where = "te_jax.nnx.LayerNorm"
         x = jnp.asarray(x)
-        return _Norm.apply(self, x.astype(_compute_dtype(self.dtype, x)))
+        _check_input(where, x, "num_features", self.scale.shape)
+        return _Norm.apply(self, x.astype(_compute_dtype(where, self.dtype, x)))
 
 
 class _Dense:
@@ -172,7 +196,8 @@ class _Dense:
             where, activation, activation_params
         )
         module.implementation = implementation
-        in_shape, features = _as_tuple(in_features), _as_tuple(out_features)
+        in_shape = layers.check_sizes(where, "in_features", in_features)
+        features = layers.check_sizes(where, "out_features", out_features)
         gated = module.act is not None and module.act.is_gated
         k_shape = layers.dense_kernel_shape(in_shape, features, module.act)
         module.n_in = len(in_shape)
@@ -234,6 +259,7 @@ class Linear(nnx.Module):
         implementation: str | None = None,
         rngs: nnx.Rngs,
     ):
+        _check_dtypes("te_jax.nnx.Linear", dtype, param_dtype)
         self.dtype = dtype
         _Dense.setup(
             self,
@@ -255,8 +281,10 @@ class Linear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., *in_features)`` → ``(..., *out_features)`` in the compute dtype."""
+        where = "te_jax.nnx.Linear"
         x = jnp.asarray(x)
-        return _Dense.apply(self, x.astype(_compute_dtype(self.dtype, x)))
+        _check_input(where, x, "in_features", self.kernel.shape[: self.n_in])
+        return _Dense.apply(self, x.astype(_compute_dtype(where, self.dtype, x)))
 
 
 class LayerNormLinear(nnx.Module):
@@ -294,6 +322,9 @@ class LayerNormLinear(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = "te_jax.nnx.LayerNormLinear"
+        _check_dtypes(where, dtype, param_dtype)
+        if enable_layernorm:  # the norm is over one axis
+            in_features = layers.check_sizes(where, "in_features", in_features, False)[0]
         self.dtype = dtype
         self.enable_layernorm = enable_layernorm
         self.return_layernorm_output = return_layernorm_output
@@ -332,8 +363,10 @@ class LayerNormLinear(nnx.Module):
 
     def __call__(self, x: jax.Array):
         """``x (..., H)`` → ``(y (..., *out_features), ln_out (..., H) or None)``."""
+        where = "te_jax.nnx.LayerNormLinear"
         x = jnp.asarray(x)
-        x = x.astype(_compute_dtype(self.dtype, x))
+        _check_input(where, x, "in_features", self.kernel.shape[: self.n_in])
+        x = x.astype(_compute_dtype(where, self.dtype, x))
         ln_out = _Norm.apply(self, x) if self.enable_layernorm else x
         return _Dense.apply(self, ln_out), (ln_out if self.return_layernorm_output else None)
 
@@ -391,6 +424,9 @@ class LayerNormMLP(nnx.Module):
                 f"{intermediate_dropout_rate}"
             )
         recipe = layers.check_recipe(where, recipe)
+        _check_dtypes(where, dtype, param_dtype)
+        hidden_size = layers.check_sizes(where, "hidden_size", hidden_size, False)[0]
+        intermediate_dim = layers.check_sizes(where, "intermediate_dim", intermediate_dim, False)[0]
         self.act, self.dtype, self.implementation = act, dtype, implementation
         self.enable_layernorm = enable_layernorm
         self.return_layernorm_output = return_layernorm_output
@@ -449,8 +485,10 @@ class LayerNormMLP(nnx.Module):
 
     def __call__(self, x: jax.Array, deterministic: bool | None = None):
         """``x (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``."""
+        where = "te_jax.nnx.LayerNormMLP"
         x = jnp.asarray(x)
-        x = x.astype(_compute_dtype(self.dtype, x))
+        _check_input(where, x, "hidden_size", self.wi_kernel.shape[:1])
+        x = x.astype(_compute_dtype(where, self.dtype, x))
         value = lambda v: None if v is None else v[...]  # noqa: E731
         dropout = None
         if self.dropout is not None:
