@@ -18,6 +18,13 @@ Backward: ``dh = dact(dy, h)`` and ``dbias`` from one fused ``quantize_dact_dbia
 to the grad quantizer's FP8 in the same pass under a recipe), then the dgrad GEMM
 ``dx = dh · kernelᵀ`` and the wgrad GEMM ``dkernel = xᵀ · dh`` (contracting every row axis).
 
+**Differentiation.** Unquantized, the op is a ``custom_jvp`` whose tangent
+``ẏ = act'(h)·(ẋ·kernel + x·k̇ + ḃ)`` is a ``te_jax.primitives.custom_linear`` with the backward
+above as its transpose: reverse mode (``grad``) runs exactly that backward, forward mode (``jvp``,
+``jacfwd``) evaluates the tangent in pure JAX (``tangent``), and second order (Hessian-vector
+products) differentiates the kernels' JVPs. Under a recipe it is a ``custom_vjp``, reverse mode
+only: forward mode raises a ``TypeError`` (``te_jax.fp8_autodiff``).
+
 **FP8** (``quantizer_set`` from a ``te_jax.recipe``): x and the kernel are quantized (E4M3) by
 te_jax's quantize kernels into rowwise and colwise (transposed) copies; the forward GEMM takes
 x's rowwise and the kernel's colwise copy, dgrad the gradient's and the kernel's rowwise copies,
@@ -33,7 +40,8 @@ MXFP8 on Hopper: the quantized storage is real, the GEMMs run on the dequantized
 input dtype (exact: an MXFP8 value is an E4M3/E5M2 number times a power of two).
 
 **Delayed scaling's state** comes back as the cotangent of ``quantizer_set`` (the updated set;
-see ``te_jax.recipe``).
+see ``te_jax.recipe``). Differentiating the operands but not the set drops it: a warning says so
+(an error under ``TE_JAX_STRICT_FP8_STATE=1``; ``te_jax.fp8_autodiff``).
 
 **A quantized x** (a ``ScaledTensor``, e.g. from ``te_jax.activation(h, act, quantizer=q)``) is
 used as it is: no second quantize pass. It must have the recipe's scaling mode, a rowwise copy,
@@ -52,11 +60,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
-from te_jax import _ffi, _varying, reference
+from te_jax import _ffi, _varying, fp8_autodiff, reference
 from te_jax.activation import act_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import check_input_dtype, environment_implementation
+from te_jax.primitives import gemm_autodiff  # noqa: F401 -- registers the GEMM's JVP
+from te_jax.primitives.custom_linear import LinearRule, custom_linear
 from te_jax.primitives.gemm import FP8_ALIGNMENT, GemmEpilogue, bind_gemm
 from te_jax.quantize import formats
 from te_jax.quantize.quantize_layout import QuantizeLayout
@@ -112,7 +123,8 @@ def dense(
 
     ``h = x · kernel + bias`` accumulates in float32 and is rounded once to x's dtype; then
     ``y = act(h)`` (docs/numerics.md §1, §8). ``jax.grad`` gives ``dx``, ``dkernel``, ``dbias``
-    (and, under a delayed-scaling recipe, the updated ``quantizer_set``).
+    (and, under a delayed-scaling recipe, the updated ``quantizer_set``). Without a quantizer set
+    ``jax.jvp`` / ``jax.jacfwd`` work too; FP8 is reverse-mode only.
 
     Args:
       x: ``(..., K)`` float32 / bfloat16 / float16 (the compute dtype), or a ``ScaledTensor``
@@ -151,7 +163,11 @@ def dense(
         return _dense_float64(x, kernel, bias, cfg)
     # Inside shard_map: one varying-axes type for the differentiable operands (te_jax._varying).
     x, kernel, bias = _varying.match(x, kernel, bias)
-    return _dense(x, kernel, bias, quantizer_set, cfg)
+    if quantizer_set is None:
+        return _dense_unquantized(x, kernel, bias, cfg)
+    return fp8_autodiff.reverse_mode_only(
+        "te_jax.dense", _dense, x, kernel, bias, quantizer_set, cfg
+    )
 
 
 def _dense_float64(x, kernel, bias, cfg: _Config):
@@ -390,7 +406,103 @@ def _gemm_on_kernel(where: str, impl: str | None, dtype) -> bool:
     return available
 
 
-# ---- the custom_vjp -------------------------------------------------------------------------
+# ---- unquantized: a custom_jvp whose tangent transposes to the fused backward ---------------
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _dense_unquantized(x, kernel, bias, cfg: _Config):
+    return _forward(x, kernel, bias, None, cfg, residuals=False)[0]
+
+
+@functools.partial(_dense_unquantized.defjvp, symbolic_zeros=True)
+def _dense_unquantized_jvp(cfg: _Config, primals, tangents):
+    """``y`` from the forward that keeps the backward's residuals (GELU_AUX on the GPU), and
+    ``ẏ = act'(h)·(ẋ·kernel + x·k̇ + ḃ)`` as a ``custom_linear`` of the tangents present:
+    ``tangent`` in forward mode, ``_backward`` (dact + dbias, dgrad, wgrad) when transposed."""
+    x, kernel, bias = primals
+    y, res = _forward(x, kernel, bias, None, cfg, residuals=True)
+    present = tuple(_is_tangent(t) for t in tangents)
+    if not any(present):
+        return y, jnp.zeros_like(y)
+    leaves, tree = jax.tree.flatten(res)
+    rule = LinearRule(_tangent_apply, _tangent_transpose, (cfg, tree, present, y.shape))
+    (y_dot,) = custom_linear(rule, leaves, [t for t, p in zip(tangents, present, strict=True) if p])
+    return y, y_dot
+
+
+def _is_tangent(t) -> bool:
+    """A tangent that is there: not a symbolic zero (an input not differentiated), not the
+    empty tangent of ``bias=None``."""
+    return t is not None and not isinstance(t, SymbolicZero)
+
+
+def _present(present, tangents) -> list:
+    """The tangents of ``(x, kernel, bias)`` with ``None`` where absent."""
+    it = iter(tangents)
+    return [next(it) if p else None for p in present]
+
+
+def _tangent_apply(static, leaves, tangents):
+    """Forward mode: ``tangent`` of the tangents present, in y's shape."""
+    cfg, tree, present, y_shape = static
+    res = jax.tree.unflatten(tree, leaves)
+    return (tangent(cfg, res, *_present(present, tangents)).reshape(y_shape),)
+
+
+def _tangent_transpose(static, leaves, cotangents):
+    """Reverse mode: the backward, the cotangents of the tangents present."""
+    cfg, tree, present, _ = static
+    (dy,) = cotangents
+    x_ct, dk, dbias, _ = _backward(cfg, jax.tree.unflatten(tree, leaves), dy)
+    return tuple(ct for ct, p in zip((x_ct, dk, dbias), present, strict=True) if p)
+
+
+def tangent(cfg: _Config, res, x_dot=None, kernel_dot=None, bias_dot=None):
+    """The tangent of the unquantized dense op, in pure JAX (its forward mode).
+
+    ``ḣ = ẋ·kernel + x·k̇ + ḃ``, accumulated in float32 and rounded once to the compute dtype
+    (docs/numerics.md §8's rule for ``h``), then ``ẏ = act'(h)·ḣ`` by
+    ``te_jax.reference.act_lu_tangent`` (gated: docs/numerics.md §1's product rule). ``act'`` is
+    taken at what the backward's dact reads (h, or y for the ReLU epilogue: the same sign).
+
+    Args:
+      cfg: the call's config.
+      res: the forward's residuals: ``x (*rows, K)``, ``kernel (K, *F)``, ``act_in (*rows, *F)``
+        (``None`` without an activation).
+      x_dot: ``None`` (zero) or x's tangent, in x's shape ``(..., *contract)``.
+      kernel_dot: ``None`` or the kernel's tangent ``(*contract, *F)``; bias_dot: ``None`` or ``F``.
+
+    Returns:
+      ``ẏ (*rows, *out_features)`` (the GEMM's rows: reshape to y's shape) in the compute dtype.
+    """
+    x2, k2 = res.x, res.kernel
+    out = x2.shape[:-1] + tuple(k2.shape[1:])
+    terms = [jnp.zeros(out, jnp.float32)]
+    if x_dot is not None:
+        terms.append(_dot(x_dot.reshape(x2.shape), k2))
+    if kernel_dot is not None:
+        terms.append(_dot(x2, kernel_dot.reshape(k2.shape)))
+    if bias_dot is not None:
+        terms.append(bias_dot.astype(jnp.float32))
+    h_dot = functools.reduce(jnp.add, terms).astype(cfg.dtype)
+    y_dot = h_dot
+    if cfg.act is not None:
+        y_dot = reference.act_lu_tangent(h_dot, res.act_in, cfg.act, cfg.params)
+    return y_dot
+
+
+def _dot(a, b):
+    """``a (*rows, K) · b (K, *F)`` accumulated in float32."""
+    return jax.lax.dot_general(
+        a,
+        b,
+        (((a.ndim - 1,), (0,)), ((), ())),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )
+
+
+# ---- FP8: the custom_vjp --------------------------------------------------------------------
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -399,14 +511,21 @@ def _dense(x, kernel, bias, qs, cfg: _Config):
 
 
 def _dense_fwd(x, kernel, bias, qs, cfg):
+    """The forward with residuals; ``symbolic_zeros`` tells which inputs are differentiated, so
+    a delayed-scaling set left out of the differentiation is reported (te_jax.fp8_autodiff)."""
+    (x, kernel, bias), operands = fp8_autodiff.unwrap_primals((x, kernel, bias))
+    qs, state = fp8_autodiff.unwrap_primals(qs)
+    if fp8_autodiff.under_jvp((x, kernel, bias, qs)):  # jvp of grad: forward over this op
+        raise TypeError(fp8_autodiff.forward_mode_message("te_jax.dense"))
+    fp8_autodiff.check_state_differentiated("te_jax.dense", operands, [state])
     return _forward(x, kernel, bias, qs, cfg, residuals=True)
 
 
 def _dense_bwd(cfg, res, dy):
-    return _backward(cfg, res, dy)
+    return _backward(cfg, res, fp8_autodiff.instantiate(dy))
 
 
-_dense.defvjp(_dense_fwd, _dense_bwd)
+_dense.defvjp(_dense_fwd, _dense_bwd, symbolic_zeros=True)
 
 
 @dataclasses.dataclass

@@ -21,6 +21,10 @@ them fuses across the GEMM boundary:
 
 Elsewhere (other activations unquantized, the CPU, ``implementation="xla"``) it computes
 exactly what ``dense(dense(x, kernel_1, bias_1, act), kernel_2, bias_2)`` does.
+
+Differentiation as ``dense``'s: unquantized a ``custom_jvp`` whose tangent (the two dense
+tangents in a row) transposes to the backward above, so ``jvp`` / ``jacfwd`` work and ``grad``
+runs that backward alone; under a recipe a ``custom_vjp``, reverse mode only.
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
-from te_jax import _varying
+from te_jax import _varying, fp8_autodiff
 from te_jax.activation import act_lu
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+from te_jax.primitives.custom_linear import LinearRule, custom_linear
 from te_jax.primitives.gemm import GemmEpilogue, bind_gemm
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.recipe import QuantizerSet
@@ -84,7 +90,8 @@ def fused_mlp(
 
     Each GEMM follows ``te_jax.dense`` (docs/numerics.md §8): float32 accumulation, one
     rounding to x's dtype; ``jax.grad`` gives every input's gradient and, under a
-    delayed-scaling recipe, each ``QuantizerSet``'s next state as its cotangent.
+    delayed-scaling recipe, each ``QuantizerSet``'s next state as its cotangent. Without
+    quantizer sets ``jax.jvp`` / ``jax.jacfwd`` work too; FP8 is reverse-mode only.
 
     Args:
       x: ``(..., H)`` float32 / bfloat16 / float16 (the compute dtype).
@@ -149,7 +156,10 @@ def fused_mlp(
         and c1.act is ActivationType.GELU
     )
     x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
-    return _mlp(x, k1, b1, k2, b2, q1, q2, _Config(c1, c2, dgelu, _DGELU_BGRAD))
+    cfg = _Config(c1, c2, dgelu, _DGELU_BGRAD)
+    if q1 is None:
+        return _mlp_unquantized(x, k1, b1, k2, b2, cfg)
+    return fp8_autodiff.reverse_mode_only(_WHERE, _mlp, x, k1, b1, k2, b2, q1, q2, cfg)
 
 
 def _quantizer_sets(sets):
@@ -163,13 +173,67 @@ def _quantizer_sets(sets):
     return q1, q2
 
 
+# ---- unquantized: a custom_jvp whose tangent transposes to the fused backward ---------------
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
+def _mlp_unquantized(x, k1, b1, k2, b2, cfg: _Config):
+    return _forward(x, k1, b1, k2, b2, None, None, cfg, residuals=False)[0]
+
+
+@functools.partial(_mlp_unquantized.defjvp, symbolic_zeros=True)
+def _mlp_unquantized_jvp(cfg: _Config, primals, tangents):
+    """``out`` from the forward that keeps the backward's residuals, and its tangent, the two
+    dense tangents in a row (``te_jax.dense.tangent``), as a ``custom_linear`` whose transpose
+    is ``_mlp_bwd``: forward mode evaluates the tangent, reverse mode runs the backward."""
+    out, res = _forward(*primals, None, None, cfg, residuals=True)
+    present = tuple(t is not None and not isinstance(t, SymbolicZero) for t in tangents)
+    if not any(present):
+        return out, jnp.zeros_like(out)
+    leaves, tree = jax.tree.flatten(res)
+    rule = LinearRule(_tangent_apply, _tangent_transpose, (cfg, tree, present, out.shape))
+    (out_dot,) = custom_linear(
+        rule, leaves, [t for t, p in zip(tangents, present, strict=True) if p]
+    )
+    return out, out_dot
+
+
+def _tangent_apply(static, leaves, tangents):
+    """``ẏ₁ = act'(h)·(ẋ·W₁ + x·Ẇ₁ + ḃ₁)``, then ``ȯut = ẏ₁·W₂ + y₁·Ẇ₂ + ḃ₂`` (pure JAX)."""
+    cfg, tree, present, out_shape = static
+    res1, res2 = jax.tree.unflatten(tree, leaves)
+    it = iter(tangents)
+    x_dot, k1_dot, b1_dot, k2_dot, b2_dot = (next(it) if p else None for p in present)
+    y1_dot = _dense.tangent(cfg.first, res1, x_dot, k1_dot, b1_dot)
+    out_dot = _dense.tangent(cfg.second, res2, y1_dot, k2_dot, b2_dot)
+    return (out_dot.reshape(out_shape),)
+
+
+def _tangent_transpose(static, leaves, cotangents):
+    """Reverse mode: ``_mlp_bwd``, the cotangents of the tangents present."""
+    cfg, tree, present, _ = static
+    (dy,) = cotangents
+    cts = _mlp_bwd(cfg, jax.tree.unflatten(tree, leaves), dy)[:5]
+    return tuple(ct for ct, p in zip(cts, present, strict=True) if p)
+
+
+# ---- FP8 (and one GEMM quantized): the custom_vjp -------------------------------------------
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _mlp(x, k1, b1, k2, b2, q1, q2, cfg: _Config):
     return _forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=False)[0]
 
 
 def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
-    return _forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=True)
+    """The forward with residuals; ``symbolic_zeros`` tells which inputs are differentiated
+    (te_jax.fp8_autodiff: forward mode over it, a delayed-scaling set not differentiated)."""
+    operands, perturbed = fp8_autodiff.unwrap_primals((x, k1, b1, k2, b2))
+    (q1, s1), (q2, s2) = fp8_autodiff.unwrap_primals(q1), fp8_autodiff.unwrap_primals(q2)
+    if fp8_autodiff.under_jvp((operands, q1, q2)):  # jvp of grad: forward over this op
+        raise TypeError(fp8_autodiff.forward_mode_message(_WHERE))
+    fp8_autodiff.check_state_differentiated(_WHERE, perturbed, [s1, s2])
+    return _forward(*operands, q1, q2, cfg, residuals=True)
 
 
 def _forward(x, k1, b1, k2, b2, q1, q2, cfg: _Config, residuals: bool):
@@ -204,6 +268,7 @@ def _forward(x, k1, b1, k2, b2, q1, q2, cfg: _Config, residuals: bool):
 
 
 def _mlp_bwd(cfg: _Config, res, dy):
+    dy = fp8_autodiff.instantiate(dy)
     c1, c2 = cfg.first, cfg.second
     res1, res2 = res
     lead = tuple(dy.shape)[: dy.ndim - len(c2.out_features)]
@@ -236,4 +301,4 @@ def _mlp_bwd(cfg: _Config, res, dy):
     return dx.reshape(lead + c1.contract), dk1, db1, dk2, db2, n1, n2
 
 
-_mlp.defvjp(_mlp_fwd, _mlp_bwd)
+_mlp.defvjp(_mlp_fwd, _mlp_bwd, symbolic_zeros=True)

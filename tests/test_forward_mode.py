@@ -1,0 +1,395 @@
+"""Forward-mode differentiation of the unquantized ``te_jax.dense`` / ``te_jax.fused_mlp`` and
+the Flax modules: ``jax.jvp`` against the float64 pure-JAX math, ``jacfwd`` against ``jacrev``,
+Hessian-vector products (``jvp`` of ``grad``); reverse mode still runs the fused backward and
+nothing else; under a recipe, forward mode raises te_jax's error at trace time.
+
+Tolerances: normwise relative error (the 2-norm of the difference over the reference's) within
+a small multiple of docs/numerics.md §7's tolerance of the dtype. The tangent is
+``act'(h)·(ẋ·k + x·k̇ + ḃ)`` with ``ẋ·k + x·k̇ + ḃ`` accumulated in float32 and rounded once
+(like h), and ``act'(h)·ḣ`` rounded once more: a few roundings of the dtype, so 4·tol. A
+Hessian-vector product is the forward-mode derivative of the backward's bf16 / float32
+roundings (dact, dgrad, wgrad): 8·tol.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib
+import re
+
+import flax.linen as nn
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import te_jax
+import te_jax.flax as tef
+from helpers import ACT_BY_ALIAS, enable_x64, te_jax_custom_calls, tol
+from te_jax import nnx as tnnx
+from te_jax.normalization import layernorm
+from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
+
+ACTS = {"none": None, "gelu": ACT_BY_ALIAS["gelu"], "swiglu": ACT_BY_ALIAS["swiglu"]}
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+LEAD, K, N = (2, 8), 32, 16  # x (2, 8, 32); the MLP's intermediate size N
+
+
+# ---- inputs and references --------------------------------------------------------------------
+
+
+def _names(act):
+    return None if act is None else act.names
+
+
+def _operands(rng, act, bias: bool, dtype, lead=LEAD, n=N):
+    """``(x, kernel_1, bias_1, kernel_2, bias_2)`` in ``dtype`` (bias None without), with h
+    spread over the activation's curved range; ``n`` the first GEMM's output size."""
+    ks = (K, 2, n) if act is not None and act.gated else (K, n)
+    x = rng.uniform(-1, 1, (*lead, K))
+    k1 = rng.uniform(-1, 1, ks) * 3.0 / np.sqrt(K)
+    k2 = rng.uniform(-1, 1, (n, K)) / np.sqrt(n)
+    b1 = rng.uniform(-0.5, 0.5, ks[1:]) if bias else None
+    b2 = rng.uniform(-0.5, 0.5, (K,)) if bias else None
+    return tuple(None if a is None else jnp.asarray(a, dtype) for a in (x, k1, b1, k2, b2))
+
+
+def _tangents(rng, primals):
+    return tuple(
+        None if p is None else jnp.asarray(rng.uniform(-1, 1, p.shape), p.dtype) for p in primals
+    )
+
+
+def _op(name: str, act):
+    """The op as a function of its differentiable operands."""
+    if name == "dense":
+        return lambda x, k1, b1: te_jax.dense(x, k1, b1, _names(act))
+    return lambda x, k1, b1, k2, b2: te_jax.fused_mlp(x, k1, k2, b1, b2, _names(act) or "gelu")
+
+
+def _args(name: str, operands):
+    return operands[:3] if name == "dense" else operands
+
+
+def _f64(tree):
+    return jax.tree.map(lambda a: jnp.asarray(np.asarray(a, np.float64)), tree)
+
+
+def _rel_err(got, want) -> float:
+    g = np.asarray(got, np.float64).ravel()
+    w = np.asarray(want, np.float64).ravel()
+    return float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30))
+
+
+def _assert_close(got, want, bound, what):
+    for i, (g, w) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)):
+        err = _rel_err(g, w)
+        assert err <= bound, f"{what} leaf {i}: relative error {err:.3g} > {bound:.3g}"
+
+
+def _jvp64(f, primals, tangents):
+    """The float64 pure-JAX path's JVP (te_jax's float64 dense is plain JAX math)."""
+    with enable_x64():
+        return jax.jvp(f, _f64(primals), _f64(tangents))
+
+
+OPS = ["dense", "fused_mlp"]
+CASES = [(a, b, d) for a in ACTS for b in (True, False) for d in DTYPES]
+CASE_IDS = [f"{a}-{'bias' if b else 'nobias'}-{d}" for a, b, d in CASES]
+
+
+# ---- jvp, jacfwd, hvp ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("act, bias, dtype", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("op", OPS)
+def test_jvp_matches_float64(op, act, bias, dtype, rng):
+    """``jax.jvp`` along every operand, and along the kernel alone (the other tangents zero),
+    eagerly and under jit: the primal is the op's own, the tangent the float64 math's."""
+    if op == "fused_mlp" and act == "none":
+        pytest.skip("fused_mlp always has an activation")
+    a, dt = ACTS[act], DTYPES[dtype]
+    f = _op(op, a)
+    primals = _args(op, _operands(rng, a, bias, dt))
+    tangents = _tangents(rng, primals)
+    y, y_dot = jax.jvp(f, primals, tangents)
+    assert y.dtype == y_dot.dtype == dt and y_dot.shape == y.shape
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(f(*primals)))
+    _, want = _jvp64(f, primals, tangents)
+    _assert_close(y_dot, want, 4 * tol(dt, a), "jvp")
+    jit_dot = jax.jit(lambda p, t: jax.jvp(f, p, t)[1])(primals, tangents)
+    _assert_close(jit_dot, want, 4 * tol(dt, a), "jit(jvp)")
+
+    def along_kernel(k):
+        return f(primals[0], k, *primals[2:])
+
+    _, k_dot = jax.jvp(along_kernel, (primals[1],), (tangents[1],))
+    _, want_k = _jvp64(along_kernel, (primals[1],), (tangents[1],))
+    _assert_close(k_dot, want_k, 4 * tol(dt, a), "jvp along the kernel")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("op", OPS)
+def test_jacfwd_equals_jacrev(op, act, dtype, rng):
+    """The full Jacobian with respect to x and the first kernel, both ways: forward mode's pure
+    JAX tangent against reverse mode's backward kernels (the same math, rounded in another
+    order: two roundings of the dtype apart)."""
+    if op == "fused_mlp" and act == "none":
+        pytest.skip("fused_mlp always has an activation")
+    a, dt = ACTS[act], DTYPES[dtype]
+    f = _op(op, a)
+    args = _args(op, _operands(rng, a, True, dt, lead=(1, 2)))
+    fwd = jax.jacfwd(f, argnums=(0, 1))(*args)
+    rev = jax.jacrev(f, argnums=(0, 1))(*args)
+    for what, j_f, j_r in zip(("d/dx", "d/dkernel"), fwd, rev, strict=True):
+        assert j_f.shape == j_r.shape and j_f.dtype == j_r.dtype == dt, what
+        scale = float(np.max(np.abs(np.asarray(j_r, np.float64))))
+        np.testing.assert_allclose(
+            np.asarray(j_f, np.float64),
+            np.asarray(j_r, np.float64),
+            rtol=4 * tol(dt, a),
+            atol=4 * tol(dt, a) * scale,
+            err_msg=what,
+        )
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("op", OPS)
+def test_hessian_vector_product_matches_float64(op, act, dtype, rng):
+    """``jvp(grad(loss))``, forward over reverse, with respect to every operand: the backward's
+    kernels differentiated in forward mode, against the float64 math's."""
+    if op == "fused_mlp" and act == "none":
+        pytest.skip("fused_mlp always has an activation")
+    a, dt = ACTS[act], DTYPES[dtype]
+    f = _op(op, a)
+    primals = _args(op, _operands(rng, a, True, dt))
+    tangents = _tangents(rng, primals)
+    c = jnp.asarray(rng.uniform(-1, 1, jax.eval_shape(f, *primals).shape), jnp.float32)
+
+    def loss(*args):
+        y = f(*args)
+        return jnp.sum(y.astype(c.dtype) ** 2 * c)
+
+    grad = jax.grad(loss, argnums=tuple(range(len(primals))))
+    _, hvp = jax.jvp(grad, primals, tangents)
+    with enable_x64():
+        _, want = jax.jvp(grad, _f64(primals), _f64(tangents))
+    _assert_close(hvp, want, 8 * tol(dt, a), "hvp")
+
+
+# ---- reverse mode is unchanged ------------------------------------------------------------------
+
+# Pure-JAX primitives an activation's derivative would need (none in the reverse-mode program).
+_TRANSCENDENTAL = {"logistic", "exp", "exp2", "tanh", "erf", "erfc", "log", "pow"}
+
+
+def _primitives(jaxpr, counts=None) -> collections.Counter:
+    counts = collections.Counter() if counts is None else counts
+    for eqn in jaxpr.eqns:
+        counts[eqn.primitive.name] += 1
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            _primitives(sub, counts)
+    return counts
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("op", OPS)
+def test_reverse_mode_runs_the_fused_backward(op, act, bias, rng):
+    """``grad`` with respect to every operand: the forward's GEMMs and act_lu, one fused dact
+    (+ dbias) kernel per activation, a dgrad and a wgrad GEMM per GEMM, and no pure-JAX
+    derivative of the activation (no forward-mode tangent left in the program)."""
+    if op == "fused_mlp" and act == "none":
+        pytest.skip("fused_mlp always has an activation")
+    a = ACTS[act]
+    f = _op(op, a)
+    operands = _args(op, _operands(rng, a, bias, jnp.bfloat16))
+    given = [i for i, o in enumerate(operands) if o is not None]
+
+    def loss(*args):  # the operands that are not None, in order
+        full = list(operands)
+        for i, v in zip(given, args, strict=True):
+            full[i] = v
+        return jnp.sum(f(*full).astype(jnp.float32) ** 2)
+
+    args = tuple(operands[i] for i in given)
+    grad = jax.grad(loss, argnums=tuple(range(len(args))))
+    prims = _primitives(jax.make_jaxpr(grad)(*args).jaxpr)
+    gemms = 3 if op == "dense" else 6
+    acts = 0 if a is None else 1
+    te = {p: n for p, n in prims.items() if p.startswith("te_jax")}
+    assert te == {"te_jax_gemm": gemms} | (
+        {"te_jax_act_lu": acts, "te_jax_dact_dbias": acts} if acts else {}
+    ), te
+    assert not set(prims) & _TRANSCENDENTAL, set(prims) & _TRANSCENDENTAL
+    calls = set(te_jax_custom_calls(jax.jit(grad).lower(*args).compile().as_text()))
+    if acts and te_jax.ffi_available("cpu"):
+        assert calls == {"te_jax_act_lu", "te_jax_dact_dbias_quantize"}, calls
+
+
+def _epilogues(jaxpr) -> list[str]:
+    """The epilogues of the GEMMs in ``jaxpr`` and its sub-jaxprs."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "te_jax_gemm":
+            out.append(eqn.params["epilogue"].name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            out += _epilogues(sub)
+    return sorted(out)
+
+
+def test_gpu_epilogues_stay_in_the_primal(monkeypatch, rng):
+    """With the GEMMs on te_jax's CUDA handler (simulated: the primitive bound as on a GPU,
+    traced only), the GELU stays in the forward GEMM's epilogue: GELU alone, GELU_AUX (h kept)
+    in jvp's primal and in grad, whose backward GEMMs are plain."""
+    dense_module = importlib.import_module("te_jax.dense")
+    monkeypatch.setattr(dense_module, "_gemm_on_kernel", lambda *a: True)
+    monkeypatch.setattr(dense_module, "_gemm_impl", lambda cfg: None)
+    a = ACTS["gelu"]
+    x, k, b, _, _ = _operands(rng, a, True, jnp.bfloat16)
+    f = _op("dense", a)
+    grad = jax.grad(lambda *p: jnp.sum(f(*p).astype(jnp.float32)), argnums=(0, 1, 2))
+    for fn, want in (
+        (f, ["GELU"]),
+        (lambda *p: jax.jvp(f, p, p), ["GELU_AUX"]),
+        (grad, ["DEFAULT", "DEFAULT", "GELU_AUX"]),
+    ):
+        assert _epilogues(jax.make_jaxpr(fn)(x, k, b).jaxpr) == want
+
+
+# ---- the transformations around it --------------------------------------------------------------
+
+
+def test_under_vmap_scan_checkpoint(rng):
+    """``jacfwd`` of a vmapped op, ``grad`` of ``vmap`` (the batched tangent transposes to the
+    batched backward kernels), ``jvp`` through ``lax.scan`` over layers and ``grad`` of
+    ``jax.checkpoint``: each against the float64 math."""
+    a, dt = ACTS["gelu"], jnp.float32
+    x, k, b, _, _ = _operands(rng, a, True, dt)
+    f = _op("dense", a)
+    bound = 4 * tol(dt, a)
+
+    def per_row(x, k, b):  # vmapped over x's first axis
+        return jnp.sum(jax.vmap(f, in_axes=(0, None, None))(x, k, b) ** 2)
+
+    g = jax.grad(per_row, argnums=(0, 1, 2))
+    prims = _primitives(jax.make_jaxpr(g)(x, k, b).jaxpr)
+    assert prims["te_jax_dact_dbias"] == 1 and not set(prims) & _TRANSCENDENTAL
+    with enable_x64():
+        want = g(*_f64((x, k, b)))
+    _assert_close(g(x, k, b), want, bound, "grad of vmap")
+    _assert_close(jax.jacfwd(per_row, argnums=1)(x, k, b), want[1], bound, "jacfwd of vmap")
+
+    ks = jnp.asarray(rng.uniform(-1, 1, (2, K, K)) / np.sqrt(K), dt)
+
+    def layers(x, ks):
+        return jax.lax.scan(lambda h, kk: (te_jax.dense(h, kk, None, "gelu"), None), x, ks)[0]
+
+    t = _tangents(rng, (x, ks))
+    _, got = jax.jvp(layers, (x, ks), t)
+    _, want = _jvp64(layers, (x, ks), t)
+    _assert_close(got, want, 2 * bound, "jvp of scan")
+
+    ck = jax.grad(jax.checkpoint(lambda x, k, b: jnp.sum(f(x, k, b) ** 2)), argnums=(0, 1, 2))
+    with enable_x64():
+        want = ck(*_f64((x, k, b)))
+    _assert_close(ck(x, k, b), want, bound, "grad of checkpoint")
+
+
+# ---- FP8: reverse mode only ---------------------------------------------------------------------
+
+RECIPES = {"delayed": DelayedScaling(), "current": CurrentScaling(), "mxfp8": MXFP8BlockScaling()}
+FORWARD_MODES = {
+    "jvp": lambda f, x: jax.jvp(f, (x,), (x,)),
+    "jit-jvp": lambda f, x: jax.jit(lambda x: jax.jvp(f, (x,), (x,))).trace(x),
+    "jacfwd": lambda f, x: jax.jacfwd(lambda x: jnp.sum(f(x).astype(jnp.float32)))(x),
+    "hvp": lambda f, x: jax.jvp(
+        jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32) ** 2)), (x,), (x,)
+    ),
+}
+
+
+@pytest.mark.filterwarnings("ignore::te_jax.fp8_autodiff.FP8StateNotUpdatedWarning")
+@pytest.mark.parametrize("how", list(FORWARD_MODES))
+@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("op", OPS)
+def test_fp8_forward_mode_raises_a_clear_error(op, recipe, how, rng):
+    """Forward mode through an FP8 op raises te_jax's TypeError at trace time (jit included),
+    naming the op and reverse mode as the way; reverse mode works."""
+    a = ACTS["gelu"]
+    # Multiples of 32 everywhere: MXFP8's blocks (32 tokens, K = N = 32).
+    x, k1, b1, k2, b2 = _operands(rng, a, True, jnp.bfloat16, lead=(2, 16), n=32)
+    q = lambda: QuantizerSet.create(RECIPES[recipe])
+    if op == "dense":
+        f = lambda x: te_jax.dense(x, k1, b1, "gelu", quantizer_set=q())
+    else:
+        f = lambda x: te_jax.fused_mlp(x, k1, k2, b1, b2, "gelu", (q(), q()))
+    where = re.escape(f"te_jax.{op}")
+    with pytest.raises(
+        TypeError,
+        match=f"{where}: forward-mode differentiation .* of an FP8 op is not defined: "
+        "quantization has no derivative. Differentiate it in reverse mode",
+    ):
+        FORWARD_MODES[how](f, x)
+    g = jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32)))(x)
+    assert g.shape == x.shape and bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
+
+
+# ---- the Flax modules ---------------------------------------------------------------------------
+
+
+def _reference_block(params, x, act, eps):
+    """LayerNorm → dense → activation → dense in pure JAX (float32 dots at HIGHEST)."""
+    ln = layernorm(x, params["scale"], params["ln_bias"], epsilon=eps)
+    dot = functools.partial(jnp.tensordot, axes=1, precision=jax.lax.Precision.HIGHEST)
+    h = dot(ln, params["wi_kernel"]) + params["wi_bias"]
+    y = te_jax.reference.activation(h, act.names)
+    return dot(y, params["wo_kernel"]) + params["wo_bias"]
+
+
+def _linen_block(act, x):
+    m = tef.LayerNormMLP(N, activations=act.names, use_bias=True)
+    params = nn.meta.unbox(m.init(jax.random.key(0), x)["params"])
+    return params, lambda p, x: m.apply({"params": p}, x, deterministic=True)[0], m.epsilon
+
+
+def _nnx_block(act, x):
+    m = tnnx.LayerNormMLP(K, N, activations=act.names, use_bias=True, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+
+    def apply(p, x):
+        return nnx.merge(graphdef, p, rest)(x, deterministic=True)[0]
+
+    return params, apply, 1e-6
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("family", ["linen", "nnx"])
+def test_layernorm_mlp_module_jvp(family, act, rng):
+    """``jax.jvp`` of a module's apply along its parameters and input (float32): the pure-JAX
+    block's JVP on the same parameters; and ``jacfwd`` with respect to the input agrees with
+    ``jacrev``."""
+    a = ACTS[act]
+    x = jnp.asarray(rng.uniform(-1, 1, (2, 4, K)), jnp.float32)
+    params, apply, eps = (_linen_block if family == "linen" else _nnx_block)(a, x)
+    params = jax.tree.map(
+        lambda p: p + jnp.asarray(rng.uniform(-0.1, 0.1, p.shape), p.dtype), params
+    )
+    t_params, t_x = _tangents(rng, jax.tree.leaves(params)), _tangents(rng, (x,))[0]
+    t_params = jax.tree.unflatten(jax.tree.structure(params), t_params)
+    out, out_dot = jax.jvp(apply, (params, x), (t_params, t_x))
+    flat = lambda p: {k: v for k, v in nnx.to_pure_dict(p).items()} if family == "nnx" else p
+    ref = lambda p, x: _reference_block(flat(p), x, a, eps)
+    with jax.default_matmul_precision("highest"):
+        ref_out, ref_dot = jax.jvp(ref, (params, x), (t_params, t_x))
+    _assert_close(out, ref_out, 4 * tol(jnp.float32, a), "out")
+    _assert_close(out_dot, ref_dot, 4 * tol(jnp.float32, a), "jvp")
+    xs = x[:1, :1]
+    j_f = jax.jacfwd(apply, argnums=1)(params, xs)
+    j_r = jax.jacrev(apply, argnums=1)(params, xs)
+    _assert_close(j_f, j_r, 4 * tol(jnp.float32, a), "jacfwd vs jacrev")
