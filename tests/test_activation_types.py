@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -63,15 +64,30 @@ def test_every_spelling_names_the_same_activation(act, rng):
             np.testing.assert_array_equal(a, b, err_msg=f"{spelling!r} vs {first[0]!r}")
 
 
-def test_names_are_case_insensitive_or_rejected():
-    """Either accepted as the lower-case name or a ValueError; never another activation."""
-    x = jnp.linspace(-2, 2, 8, dtype=jnp.float32)
-    try:
-        y = te_jax.act_lu(x, activation_type="SiLU")
-    except ValueError:
-        return
-    want = te_jax.act_lu(x, activation_type="silu")
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(want))
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "SiLU",
+        "GELU",
+        "Squared_ReLU",
+        "SwiGLU",
+        ("SiLU", "Linear"),
+        ("CLAMPED_SILU", "Clamped_Linear"),
+    ],
+    ids=str,
+)
+def test_names_are_case_insensitive(spelling):
+    """docs/numerics.md §1: names are case-insensitive; a mixed-case name is the lower-case
+    one's activation (the same member, the same bits)."""
+    lower = spelling.lower() if isinstance(spelling, str) else tuple(n.lower() for n in spelling)
+    act = te_jax.ActivationType.parse(spelling)
+    assert act is te_jax.ActivationType.parse(lower)
+    shape = (3, 2, 8) if act.is_gated else (3, 8)
+    x = jnp.linspace(-3, 3, math.prod(shape), dtype=jnp.float32).reshape(shape)
+    y = te_jax.act_lu(x, activation_type=spelling)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(te_jax.act_lu(x, lower)))
+    with pytest.raises(ValueError, match="silu"):  # a misspelling is not another activation
+        te_jax.ActivationType.parse("SiLUx")
 
 
 # --- ActivationParams ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import float64_oracle as oracle
+import qdq_oracle as qdq
 import te_jax
 from helpers import ACT_BY_ALIAS, assert_dbias_matches, enable_x64, make_dz, make_x
 from te_jax.normalization import layernorm
@@ -361,14 +362,39 @@ def test_dense_level_errors_name_the_input_and_the_fix(case):
     assert type(info.value) is exc, type(info.value)
 
 
-@pytest.mark.parametrize(
-    "call",
-    [_dense_fn((2, 4, 64), (64, 40), MX), _mlp_fn((2, 4, 64), 40 + 24, MX, grad=False)],
-    ids=["dense", "fused_mlp"],
-)
-def test_mxfp8_forward_alone_takes_any_token_count(call):
-    """The tokens and the output size only matter to the backward's GEMMs."""
-    call()
+@pytest.mark.parametrize("op", ["dense", "fused_mlp"])
+def test_mxfp8_forward_alone_takes_any_token_count(op, rng):
+    """The tokens and the output size only matter to the backward's GEMMs: 8 tokens and an
+    output of 40 (neither a multiple of 32) run forward, to the MXFP8 product
+    (tests/qdq_oracle.py's interval: x's blocks along K, the kernel's down K), while their
+    gradient is refused with DENSE_ERRORS' messages."""
+    x = jnp.asarray(rng.uniform(-1, 1, (2, 4, 64)), BF16)
+    k1 = jnp.asarray(rng.uniform(-1, 1, (64, 40 if op == "dense" else 64)) / 8, jnp.float32)
+    k2 = jnp.asarray(rng.uniform(-1, 1, (64, 64)) / 8, jnp.float32)
+    qs = te_jax.QuantizerSet.create(MX)
+    e4m3 = np.dtype(jnp.float8_e4m3fn)
+
+    def product(a, k):  # MXFP8 operands, a float32 dot of their dequantized values, bf16 out
+        qa = qdq.qdq(a, "mxfp8", e4m3, src_dtype=np.dtype(BF16))
+        qk = qdq.qdq(qdq.point(k), "mxfp8", e4m3, src_dtype=np.float32, colwise=True)
+        return qdq.rounded(qdq.matmul(qa, qk, fp8=False), BF16)
+
+    want = product(qdq.point(np.asarray(x).reshape(8, 64)), k1)
+    if op == "dense":
+        got = te_jax.dense(x, k1, quantizer_set=qs)
+    else:
+        got = te_jax.fused_mlp(x, k1, k2, None, None, "gelu", (qs, qs))
+        gelu = next(a for a in ACT_BY_ALIAS.values() if a.alias == "gelu").enum
+        h = qdq.rounded(qdq.activation(want, gelu, gated=False), BF16)
+        want = product(h, k2)
+    assert got.shape == (2, 4, k1.shape[1] if op == "dense" else 64) and got.dtype == BF16
+    inside = want.contains(np.asarray(got).reshape(8, -1))
+    assert inside.all(), f"{int((~inside).sum())} of {inside.size} outside the MXFP8 product"
+    call = _dense_fn(x.shape, k1.shape, MX, grad=True) if op == "dense" else _mlp_fn(
+        x.shape, 64, MX, grad=True
+    )
+    with pytest.raises(ValueError, match="differentiating under MXFP8"):
+        call()
 
 
 def test_quantize_keeps_its_own_axis_message():

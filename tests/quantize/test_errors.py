@@ -17,7 +17,9 @@ from te_jax.quantize import (
     reference,
 )
 
-from .cases import E2M1, E4M3
+import quantize_oracle as oracle
+
+from .cases import CURRENT, DELAYED, E2M1, E4M3, Config, assert_same_bits
 
 RC = QuantizeLayout.ROWWISE_COLWISE
 
@@ -106,9 +108,22 @@ def test_check_names_the_op():
         reference.check_quantize_input((2, 33), jnp.float32, MXFP8Quantizer(), 1, "act_lu")
 
 
-def test_tensor_scaling_takes_any_shape():
-    for shape, nf in [((7,), 1), ((3, 5), 1), ((3, 5, 2, 7), 2), ((0, 3), 1)]:
-        _trace(shape, jnp.float16, CurrentScaleQuantizer(E4M3, RC), nf)
+@pytest.mark.parametrize("config", [Config(DELAYED, E4M3), Config(CURRENT, E4M3)], ids=str)
+@pytest.mark.parametrize(
+    "shape, nf", [((7,), 1), ((3, 5), 1), ((3, 5, 2, 7), 2), ((0, 3), 1)], ids=str
+)
+def test_tensor_scaling_takes_any_shape(shape, nf, config):
+    """Tensor scaling has no blocks: a shape no block mode takes (odd, 1-D, empty, gated)
+    quantizes, every field the oracle's bits, the colwise copy ``features + leading``."""
+    y = np.random.default_rng(len(shape) + nf).standard_normal(shape).astype(np.float16)
+    quantizer = config.quantizer(scale=3.0)
+    got = jax.jit(reference.quantize, static_argnames="n_feature_axes")(
+        jnp.asarray(y), quantizer, n_feature_axes=nf
+    )
+    scale = 3.0 if config.mode is DELAYED else None
+    want = oracle.quantize(y, int(config.mode), int(RC), config.q_dtype, nf, scale=scale)
+    assert got.colwise_data.shape == shape[len(shape) - nf :] + shape[: len(shape) - nf]
+    assert_same_bits(got, want, f"{config} {shape}")
 
 
 def test_not_a_quantizer():
