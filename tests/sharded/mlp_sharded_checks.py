@@ -408,3 +408,32 @@ def test_sequence_parallel_backward_alone(norm, recipe):
         m16, v16 = block("bf16")
         noise = _fp8_noise(want, backward(vjp(m16)(v16, x), dy))
     _assert_step_equal(got, want, recipe, noise)
+
+
+LOGICAL_CASES = {
+    "dp_tp": (
+        MeshResource(dp_resource="data", tp_resource="tensor"),
+        ("batch", None, "mlp"),
+        P("data", None, "tensor"),
+    ),
+    "dp_sp": (
+        MeshResource(dp_resource="data", tp_resource="tensor", sp_resource="tensor"),
+        ("batch", "length", "embed"),
+        P("data", "tensor", None),
+    ),
+    "fsdp": (MeshResource(fsdp_resource="data"), ("length", None, "embed"), P(None, None, "data")),
+}
+
+
+@pytest.mark.parametrize("case", list(LOGICAL_CASES))
+def test_logical_constraint_shards_by_the_rules(case):
+    """te_jax.sharding.logical_constraint under a mesh and MeshResource's rules: a replicated
+    input comes out of the jitted function with the sharding its logical names map to (and the
+    names the rules leave unmapped replicated), its values unchanged."""
+    resource, axes, spec = LOGICAL_CASES[case]
+    mesh = _mesh({"data": 2, "tensor": 4})
+    x = jnp.arange(8 * 4 * 16, dtype=jnp.float32).reshape(8, 4, 16)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(resource.logical_axis_rules()):
+        y = jax.jit(lambda x: te_jax.sharding.logical_constraint(x * 2, axes))(x)
+    assert y.sharding.is_equivalent_to(NamedSharding(mesh, spec), x.ndim), y.sharding
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2)
