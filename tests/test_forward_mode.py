@@ -30,6 +30,7 @@ import te_jax
 import te_jax.flax as tef
 from helpers import ACT_BY_ALIAS, enable_x64, te_jax_custom_calls, tol
 from te_jax import nnx as tnnx
+from te_jax.dispatch import environment_implementation
 from te_jax.normalization import layernorm
 from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
 
@@ -97,6 +98,12 @@ def _jvp64(f, primals, tangents):
 
 
 OPS = ["dense", "fused_mlp"]
+# Where te_jax's CUDA GEMM runs (its epilogues then take GELU / ReLU out of act_lu).
+KERNEL_GEMM = (
+    jax.default_backend() == "gpu"
+    and te_jax.ffi_available("cuda")
+    and environment_implementation() != "xla"
+)
 CASES = [(a, b, d) for a in ACTS for b in (True, False) for d in DTYPES]
 CASE_IDS = [f"{a}-{'bias' if b else 'nobias'}-{d}" for a, b, d in CASES]
 
@@ -220,15 +227,17 @@ def test_reverse_mode_runs_the_fused_backward(op, act, bias, rng):
     args = tuple(operands[i] for i in given)
     grad = jax.grad(loss, argnums=tuple(range(len(args))))
     prims = _primitives(jax.make_jaxpr(grad)(*args).jaxpr)
-    gemms = 3 if op == "dense" else 6
-    acts = 0 if a is None else 1
+    want = {"te_jax_gemm": 3 if op == "dense" else 6}
+    if a is not None:
+        want["te_jax_dact_dbias"] = 1
+        # On te_jax's CUDA GEMM, GELU runs in the forward GEMM's epilogue (no act_lu).
+        if not (KERNEL_GEMM and a.name == "GELU"):
+            want["te_jax_act_lu"] = 1
     te = {p: n for p, n in prims.items() if p.startswith("te_jax")}
-    assert te == {"te_jax_gemm": gemms} | (
-        {"te_jax_act_lu": acts, "te_jax_dact_dbias": acts} if acts else {}
-    ), te
+    assert te == want, te
     assert not set(prims) & _TRANSCENDENTAL, set(prims) & _TRANSCENDENTAL
-    calls = set(te_jax_custom_calls(jax.jit(grad).lower(*args).compile().as_text()))
-    if acts and te_jax.ffi_available("cpu"):
+    if a is not None and jax.default_backend() == "cpu" and te_jax.ffi_available("cpu"):
+        calls = set(te_jax_custom_calls(jax.jit(grad).lower(*args).compile().as_text()))
         assert calls == {"te_jax_act_lu", "te_jax_dact_dbias_quantize"}, calls
 
 
@@ -243,13 +252,21 @@ def _epilogues(jaxpr) -> list[str]:
     return sorted(out)
 
 
-def test_gpu_epilogues_stay_in_the_primal(monkeypatch, rng):
-    """With the GEMMs on te_jax's CUDA handler (simulated: the primitive bound as on a GPU,
-    traced only), the GELU stays in the forward GEMM's epilogue: GELU alone, GELU_AUX (h kept)
-    in jvp's primal and in grad, whose backward GEMMs are plain."""
+def _on_kernel_gemm(monkeypatch):
+    """te_jax's CUDA GEMM where it runs; elsewhere its choices simulated: the GEMM primitive
+    bound as on a GPU, lowered to its pure-JAX reference (epilogues included)."""
+    if KERNEL_GEMM:
+        return
     dense_module = importlib.import_module("te_jax.dense")
     monkeypatch.setattr(dense_module, "_gemm_on_kernel", lambda *a: True)
     monkeypatch.setattr(dense_module, "_gemm_impl", lambda cfg: None)
+
+
+def test_gpu_epilogues_stay_in_the_primal(monkeypatch, rng):
+    """With the GEMMs on te_jax's CUDA handler (simulated off a GPU, traced only), the GELU
+    stays in the forward GEMM's epilogue: GELU alone, GELU_AUX (h kept) in jvp's primal and in
+    grad, whose backward GEMMs are plain."""
+    _on_kernel_gemm(monkeypatch)
     a = ACTS["gelu"]
     x, k, b, _, _ = _operands(rng, a, True, jnp.bfloat16)
     f = _op("dense", a)
@@ -260,6 +277,40 @@ def test_gpu_epilogues_stay_in_the_primal(monkeypatch, rng):
         (grad, ["DEFAULT", "DEFAULT", "GELU_AUX"]),
     ):
         assert _epilogues(jax.make_jaxpr(fn)(x, k, b).jaxpr) == want
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_dgelu_epilogue_backward_in_both_modes(bias, monkeypatch, rng):
+    """fused_mlp's opt-in DGELU (+ BGRAD) backward epilogue: grad runs it (one DGELU GEMM),
+    and the jvp, jacfwd == jacrev and the Hessian-vector product through it match the float64
+    math."""
+    _on_kernel_gemm(monkeypatch)
+    monkeypatch.setattr(importlib.import_module("te_jax.fused_mlp"), "_DGELU_EPILOGUE", True)
+    a, dt = ACTS["gelu"], jnp.bfloat16
+    f = _op("fused_mlp", a)
+    primals = _operands(rng, a, True, dt)
+    if not bias:
+        f = (lambda g: lambda x, k1, k2: g(x, k1, None, k2, None))(f)
+        primals = (primals[0], primals[1], primals[3])
+    tangents = _tangents(rng, primals)
+
+    def loss(*args):
+        return jnp.sum(f(*args).astype(jnp.float32) ** 2)
+
+    grad = jax.grad(loss, argnums=tuple(range(len(primals))))
+    assert _epilogues(jax.make_jaxpr(grad)(*primals).jaxpr).count("DGELU") == 1
+    bound = 8 * tol(dt, a)
+    _, got = jax.jvp(f, primals, tangents)
+    _, want = _jvp64(f, primals, tangents)
+    _assert_close(got, want, bound, "jvp")
+    _, hvp = jax.jvp(grad, primals, tangents)
+    with enable_x64():
+        _, want = jax.jvp(grad, _f64(primals), _f64(tangents))
+    _assert_close(hvp, want, bound, "hvp")
+    xs = primals[0][:1, :1]
+    j_f = jax.jacfwd(f, argnums=1)(xs, *primals[1:])
+    j_r = jax.jacrev(f, argnums=1)(xs, *primals[1:])
+    _assert_close(j_f, j_r, bound, "jacfwd vs jacrev")
 
 
 # ---- the transformations around it --------------------------------------------------------------
