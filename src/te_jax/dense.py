@@ -43,8 +43,10 @@ input dtype (exact: an MXFP8 value is an E4M3/E5M2 number times a power of two).
 see ``te_jax.recipe``). Differentiating the operands but not the set drops it: a warning says so
 (an error under ``TE_JAX_STRICT_FP8_STATE=1``; ``te_jax.fp8_autodiff``).
 
-**A quantized x** (a ``ScaledTensor``, e.g. from ``te_jax.activation(h, act, quantizer=q)``) is
-used as it is: no second quantize pass. It must have the recipe's scaling mode, a rowwise copy,
+**A quantized x** (a ``ScaledTensor``, e.g. from ``te_jax.activation(h, act, quantizer=qs.x)``)
+is used as it is: no second quantize pass. This call measures nothing for ``quantizer_set.x``, so
+its cotangent is zero: the quantizer that made x (normally ``qs.x`` itself, given to
+``te_jax.activation``) gets its next state from the activation's backward alone. It must have the recipe's scaling mode, a rowwise copy,
 and (where ``dense`` is differentiated) the colwise copy wgrad reads. Its cotangent is the
 gradient of its dequantized value (``te_jax.quantize.scaled_tensor``).
 """
@@ -644,7 +646,9 @@ def _quantize_operands(x, k2, qs: QuantizerSet, ops: _Operands, cfg: _Config, re
                 "te_jax.dense: differentiating with a quantized x needs its colwise copy (wgrad "
                 "reads it): quantize it with q_layout ROWWISE_COLWISE"
             )
-        qx, new_x = x, qs.x
+        # x was quantized upstream (te_jax.activation), whose backward returns the x
+        # quantizer's next state: this use contributes nothing (a zero cotangent).
+        qx, new_x = x, jax.tree.map(jnp.zeros_like, qs.x)
     else:
         qx = quantize(
             x.reshape(ops.rows + (ops.k,)),
