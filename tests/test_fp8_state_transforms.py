@@ -211,6 +211,12 @@ def test_an_unused_handle_contributes_nothing(state):
     _assert_same_state(got, _plain_step(x, w, state)[1])
 
 
+def test_share_is_reverse_mode_only(state):
+    x, w = _inputs(4)
+    with pytest.raises(TypeError, match=r"QuantizerSet.share: forward-mode differentiation"):
+        jax.jvp(lambda qs: _loss(x, w, qs.share()[0]), (state,), (state,))
+
+
 # ---- gradient accumulation and an activation quantized upstream --------------------------------
 
 

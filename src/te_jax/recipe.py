@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from te_jax import fp8_autodiff
 from te_jax.quantize import formats
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import (
@@ -331,7 +332,7 @@ class QuantizerSet:
             raise ValueError(f"te_jax.QuantizerSet.share: n must be an int >= 1, got {n!r}")
         if not self.has_state:
             return (self,) * n
-        return _share(self, n)
+        return fp8_autodiff.reverse_mode_only("te_jax.QuantizerSet.share", _share, self, n)
 
     def with_layout(self, role: str, layout: QuantizeLayout) -> Quantizer:
         """The quantizer of ``role`` with ``q_layout`` replaced by ``layout`` (same state)."""
@@ -373,7 +374,7 @@ def _share(qs: QuantizerSet, n: int):
 
 
 def _share_fwd(qs, n):
-    qs = jax.tree.map(lambda p: p.value, qs)  # symbolic_zeros: CustomVJPPrimal leaves
+    qs, _ = fp8_autodiff.unwrap_primals(qs)
     return (qs,) * n, qs
 
 
@@ -381,7 +382,7 @@ def _share_bwd(n, qs, cts):
     # Handles whose state reached no loss have symbolic-zero cotangents: they contributed
     # nothing. One contribution is already the next state (merging it alone is the identity).
     used = [
-        jax.tree.map(lambda v: v.instantiate() if _zero(v) else v, ct, is_leaf=_zero)
+        jax.tree.map(fp8_autodiff.instantiate, ct, is_leaf=_zero)
         for ct in cts
         if not all(_zero(leaf) for leaf in jax.tree.leaves(ct, is_leaf=_zero))
     ]
