@@ -1,11 +1,13 @@
 """te_jax.sharding (MeshResource, the logical axis rules), and the sharded checks
 (tests/sharded/*_checks.py) run on a CPU mesh of 8 devices, in
 their own process: the device count must be set before jax starts, and this process's jax has
-started already."""
+started already. A long file runs as several processes (tests/sharded/conftest.py keeps one
+part of it in each), which pytest-xdist spreads over its workers."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -14,17 +16,21 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-# Each file and the fewest tests it holds (a file that collects fewer has lost some).
+# Each file: the fewest tests it holds (a file that collects fewer has lost some), and the
+# processes it is split over (the MLP steps take minutes in one).
 CHECK_FILES = {
-    "sharded_checks.py": 20,
-    "quantized_sharded_checks.py": 20,
-    "gemm_sharded_checks.py": 20,
-    "mlp_sharded_checks.py": 30,
+    "sharded_checks.py": (20, 1),
+    "quantized_sharded_checks.py": (20, 1),
+    "gemm_sharded_checks.py": (20, 1),
+    "mlp_sharded_checks.py": (30, 5),
 }
+PARTS = [(f, k, n) for f, (_, n) in CHECK_FILES.items() for k in range(n)]
 
 
-@pytest.mark.parametrize("checks", CHECK_FILES)
-def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks):
+@pytest.mark.parametrize(
+    "checks, part, parts", PARTS, ids=[f if n == 1 else f"{f}-{k + 1}of{n}" for f, k, n in PARTS]
+)
+def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks, part, parts):
     checks_path = TESTS / "sharded" / checks
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
@@ -32,6 +38,7 @@ def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks):
     ).strip()
     env["JAX_PLATFORMS"] = "cpu"  # the mesh is of CPU devices, on a GPU machine too
     env["TE_JAX_SHARDED_SUBPROCESS"] = "1"  # the checks fail rather than skip without 8 devices
+    env["TE_JAX_CHECKS_PART"] = f"{part}/{parts}"
     env.pop("TE_JAX_IMPLEMENTATION", None)
     junit = tmp_path / "sharded.xml"
     cmd = [
@@ -55,11 +62,12 @@ def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks):
     suite = ET.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    assert counts["tests"] >= CHECK_FILES[checks] and counts["failures"] == counts["errors"] == 0, (
-        counts,
-        log,
-    )
-    assert counts["skipped"] == 0, (counts, log)
+    summary = re.search(rf"te_jax part {part}/{parts}: collected (\d+), kept (\d+)", proc.stdout)
+    assert summary, log
+    collected, kept = map(int, summary.groups())
+    assert collected >= CHECK_FILES[checks][0], (collected, log)
+    assert kept >= 1 and counts["tests"] == kept, (counts, kept, log)
+    assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, (counts, log)
 
 
 # ---- te_jax.sharding: the mesh axes' roles ---------------------------------------------------

@@ -12,6 +12,7 @@ direction; FSDP's all-gathers are of parameters only and its gradients reduce-sc
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -93,7 +94,7 @@ class NNXStack(nnx.Module):
 
 def _linen(recipe, act, x):
     model = LinenStack(recipe, act)
-    variables = model.init(jax.random.key(0), x)
+    variables = jax.jit(model.init)(jax.random.key(0), x)  # one program, not one per eager op
 
     def step(variables, x, dy):
         def loss(v, x):
@@ -138,11 +139,22 @@ def _inputs():
     return x, dy
 
 
+@functools.cache
+def _unsharded(family, recipe, act):
+    """(state, step, partition_spec, unsharded (out, grads)) of one stack: the strategies of a
+    (family, recipe, act) share it, and the FP8 rows' noise reads the bf16 one."""
+    x, dy = _inputs()
+    state, step, partition_spec = FAMILIES[family](RECIPES[recipe], ACTS[act], x)
+    return state, step, partition_spec, jax.jit(step)(state, x, dy)
+
+
 def _sharded_step(family, recipe, strategy, act):
     """(unsharded (out, grads), sharded (out, grads), compiled text, state)."""
     x, dy = _inputs()
-    state, step, partition_spec = FAMILIES[family](RECIPES[recipe], act, x)
-    want = jax.jit(step)(state, x, dy)
+    state, cached_step, partition_spec, want = _unsharded(family, recipe, act)
+    # A new function: jax's trace cache, keyed on the function, does not see Flax's logical
+    # axis rules, and a trace under another strategy's rules would be reused.
+    step = lambda *args: cached_step(*args)  # noqa: E731
     axes, resource = STRATEGIES[strategy]
     mesh = _mesh(axes)
     resource.check_mesh(mesh)
@@ -164,9 +176,9 @@ def _sharded_step(family, recipe, strategy, act):
     # The Flax pattern: a mesh and the logical axis rules around the step (te_jax constrains
     # each kernel's gradient to the kernel's sharding with them).
     with jax.set_mesh(mesh), nn.logical_axis_rules(resource.logical_axis_rules()):
-        text = jitted.lower(state, x, dy).compile().as_text()
-        got = jitted(*placed)
-    return want, got, text, state
+        compiled = jitted.lower(state, x, dy).compile()
+    # The executable whose text is checked runs the step (jitted(...) would compile it again).
+    return want, compiled(*placed), compiled.as_text(), state
 
 
 def _leaves(tree):
@@ -222,12 +234,10 @@ CASES += [("linen", r, s, "swiglu") for r in ("bf16", "delayed") for s in ("tp",
 
 @pytest.mark.parametrize("family, recipe, strategy, act", CASES, ids=["-".join(c) for c in CASES])
 def test_step_equals_unsharded(family, recipe, strategy, act):
-    want, got, text, state = _sharded_step(family, recipe, strategy, ACTS[act])
+    want, got, text, state = _sharded_step(family, recipe, strategy, act)
     noise = None
     if recipe != "bf16":
-        x, dy = _inputs()
-        bf16_state, step, _ = FAMILIES[family](None, ACTS[act], x)
-        noise = _fp8_noise(want, jax.jit(step)(bf16_state, x, dy))
+        noise = _fp8_noise(want, _unsharded(family, "bf16", act)[3])
     _assert_step_equal(got, want, recipe, noise)
 
     # Parameters and their shards by size (dense folds a gated kernel's (2, I) into 2I).
@@ -339,10 +349,11 @@ def test_sequence_parallel(recipe):
         step, in_shardings=(state_sh, act_sh, act_sh), out_shardings=(act_sh, state_sh)
     )
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        text = jitted.lower(state, x, dy).compile().as_text()
-        got = jitted(
-            jax.device_put(state, state_sh), jax.device_put(x, act_sh), jax.device_put(dy, act_sh)
-        )
+        compiled = jitted.lower(state, x, dy).compile()
+    text = compiled.as_text()
+    got = compiled(
+        jax.device_put(state, state_sh), jax.device_put(x, act_sh), jax.device_put(dy, act_sh)
+    )
     noise = None
     if recipe != "bf16":
         bf16_state, bf16_step, _ = _linen(None, ACTS["swiglu"], x)
@@ -379,7 +390,7 @@ def test_sequence_parallel_backward_alone(norm, recipe):
             enable_layernorm=norm,
             recipe=RECIPES[recipe],
         )
-        return m, m.init(jax.random.key(0), x)
+        return m, jax.jit(m.init)(jax.random.key(0), x)
 
     def vjp(m):
         return jax.jit(lambda v, x: jax.vjp(lambda v, x: m.apply(v, x)[0], v, x)[1])
@@ -396,8 +407,9 @@ def test_sequence_parallel_backward_alone(norm, recipe):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         vjp_fn = vjp(m)(jax.device_put(variables, var_sh), jax.device_put(x, act_sh))
         dy_sh = jax.device_put(dy, act_sh)
-        text = backward.lower(vjp_fn, dy_sh).compile().as_text()
-        got = backward(vjp_fn, dy_sh)
+        compiled = backward.lower(vjp_fn, dy_sh).compile()
+    text = compiled.as_text()
+    got = compiled(vjp_fn, dy_sh)
     moved = [
         (op, s) for op, s in hlo_collectives(text) if int(np.prod(s)) in (x.size, x.size // 8)
     ]
