@@ -14,6 +14,10 @@ te_jax's primitives have their own abstract evaluation, which knows nothing of t
 * the differentiable arrays of a ``custom_vjp`` op are cast to their union before it
   (``match``), so the op's cotangents have its primals' types and the casts' transposes do the
   sums;
+* a primitive that autodiff *transposes* (a tangent map) types its results with its operands'
+  axes in its abstract evaluation (``result_aval``): a result typed unvarying would be cast by
+  ``bind``, and that cast's transpose would psum the cotangent over the axes before the
+  transpose rule sees it;
 * a delayed-scaling quantizer's amax is max-reduced over the axes it varies on and its state
   does not (``max_over_extra_axes``), so the next state stays replicated and every device
   quantizes with the same scale.
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import jax
 
-__all__ = ["varying_axes", "match", "bind", "max_over_extra_axes"]
+__all__ = ["varying_axes", "match", "bind", "max_over_extra_axes", "result_aval"]
 
 
 def _axes_of(x) -> frozenset:
@@ -79,3 +83,10 @@ def max_over_extra_axes(x, like):
     """``x`` max-reduced (``lax.pmax``) over the axes it varies on and ``like`` does not."""
     extra = varying_axes(x) - varying_axes(like)
     return jax.lax.pmax(x, tuple(sorted(extra))) if extra else x
+
+
+def result_aval(like, shape, dtype):
+    """An abstract result of ``shape`` and ``dtype`` with the varying manual axes of the operand
+    aval ``like`` (every operand has them after ``bind``), for the abstract evaluation of a
+    primitive that autodiff transposes."""
+    return like.update(shape=tuple(shape), dtype=dtype, weak_type=False)

@@ -267,6 +267,25 @@ def test_grad_sharded(act, rng):
     assert_matches(g, oracle.dact_lu(w, x, act.enum), jnp.float32, act)
 
 
+@pytest.mark.parametrize("act", [GELU, SWIGLU], ids=str)
+def test_grad_inside_shard_map(act, rng):
+    """grad of te_jax.activation taken outside shard_map, the op inside it (check_vma=True):
+    each shard's gradient is its own dact, never summed with the other shards' (the tangent
+    primitive's result keeps its operands' varying axes, so no psum meets the cotangent)."""
+    shape = (16, 2, 24) if act.gated else (16, 24)
+    spec = P("x", *([None] * (len(shape) - 1)))
+    x = make_x(rng, shape, jnp.float32, act, kink_margin=0.02)
+    w = make_dz(rng, dz_shape(shape, act), jnp.float32)
+    inner = jax.shard_map(
+        lambda x: te_jax.activation(x, activation_type=act.names),
+        mesh=MESH_1D,
+        in_specs=spec,
+        out_specs=_out_spec(act, spec),
+    )
+    g = jax.jit(jax.grad(lambda x: jnp.sum(inner(x) * w)))(jnp.asarray(x))
+    assert_matches(g, oracle.dact_lu(w, x, act.enum), jnp.float32, act)
+
+
 def test_gate_axis_sharded_is_gathered_and_correct(rng):
     """The documented exception (README, sharding): a gated x whose act axis (the 2 of
     (..., 2, H)) is split over a mesh axis is all-gathered on that axis before the kernel, and the

@@ -21,12 +21,11 @@ from __future__ import annotations
 import functools
 
 import jax
-from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from te_jax import reference
-from te_jax._varying import bind
+from te_jax._varying import bind, result_aval
 from te_jax.primitives import base, dact_dbias
 from te_jax.primitives.act_lu import act_lu_p
 
@@ -47,7 +46,8 @@ mlir.register_lowering(act_lu_tangent_p, mlir.lower_fun(_tangent, multiple_resul
 
 @act_lu_tangent_p.def_abstract_eval
 def _tangent_abstract(t, x, *, act, params):
-    return ShapedArray(act.output_shape(x.shape), x.dtype)
+    # Transposed by autodiff: the result keeps the operands' varying axes (te_jax._varying).
+    return result_aval(x, act.output_shape(x.shape), x.dtype)
 
 
 def _tangent_transpose(ct, t, x, *, act, params):

@@ -29,11 +29,10 @@ from collections.abc import Callable, Hashable
 
 import jax
 import jax.numpy as jnp
-from jax.core import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from te_jax._varying import bind
+from te_jax._varying import bind, result_aval
 
 __all__ = ["LinearRule", "custom_linear", "custom_linear_p"]
 
@@ -89,7 +88,8 @@ mlir.register_lowering(custom_linear_p, mlir.lower_fun(_impl, multiple_results=T
 def _abstract(*avals, rule: LinearRule, n_res: int):
     specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
     outs = jax.eval_shape(lambda *a: _impl(*a, rule=rule, n_res=n_res), *specs)
-    return [ShapedArray(o.shape, o.dtype) for o in outs]
+    # Transposed by autodiff: the results keep the operands' varying axes (te_jax._varying).
+    return [result_aval(avals[0], o.shape, o.dtype) for o in outs]
 
 
 def _transpose(cts, *args, rule: LinearRule, n_res: int):
