@@ -200,6 +200,13 @@ def test_quantize_with_two_feature_axes(mode, q_dtype, rng):
         te_jax.quantize(x, q, n_feature_axes=3)
 
 
+@functools.partial(jax.jit, static_argnames="implementation")
+def _quantize(x, q, implementation):
+    """One program per (x's shape and dtype, quantizer kind, implementation), whatever the
+    values: the special-block inputs of one dtype share it."""
+    return te_jax.quantize(x, q, implementation=implementation)
+
+
 def _special_input(kind, dtype):
     """A [64, 64] input whose 16-row x 16-column blocks include the special cases of the block
     scales: all-zero blocks, blocks so small beside the tensor's amax that their NVFP4 scale
@@ -226,16 +233,15 @@ def _same_or_both_nan(got, want, what):
     np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=what)
 
 
+@pytest.mark.parametrize("kind", ["finite", "nan", "inf"])  # innermost: one program for all 3
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
-@pytest.mark.parametrize("kind", ["finite", "nan", "inf"])
 @pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
 def test_standalone_quantize_special_blocks(mode, q_dtype, kind, dtype):
     """Zero, underflowing, NaN and infinite blocks: the kernels' special cases (NVFP4's zero and
     NaN block scales, MXFP8's NaN and clamped scales, the amax of NaN) equal the pure-JAX path."""
     x = _special_input(kind, DTYPES[dtype])
     q = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
-    got = jax.jit(lambda v: te_jax.quantize(v, q, implementation="ffi"))(x)
-    want = jax.jit(lambda v: te_jax.quantize(v, q, implementation="xla"))(x)
+    got, want = _quantize(x, q, "ffi"), _quantize(x, q, "xla")
     for f in FIELDS:
         g, w = getattr(got, f), getattr(want, f)
         assert (g is None) == (w is None), f
@@ -368,5 +374,5 @@ def test_scaled_tensor_metadata(rng):
     assert st.scaling_mode == ScalingMode.CURRENT_TENSOR_SCALING
     assert st.shape == x.shape and st.dq_dtype == jnp.bfloat16
     assert st.colwise_data.shape == (2, 64, 2, 32)  # (2, H) + leading
-    y = st.dequantize()
+    y = jax.jit(lambda st: st.dequantize())(st)  # one program, not one per eager op
     assert y.shape == x.shape and y.dtype == jnp.bfloat16
