@@ -17,6 +17,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # float64_oracle, helpers
 
+# pytest-xdist's workers share a GPU: none may reserve most of its memory up front (jax's default).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 
 def pytest_report_header(config):
     import jax
