@@ -9,8 +9,10 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
+import te_jax
 import te_jax.demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,7 +33,10 @@ def test_demo_trains(capsys):
     for first, last in losses:
         assert last <= 0.8 * first, out
     assert abs(losses[0][1] - losses[1][1]) <= 0.05 * losses[0][1], out
-    assert max(diffs) <= 1e-4, out
+    # On a GPU the FP8 GEMM accumulates on tensor cores, the pure-JAX path in XLA's float32
+    # dot (docs/numerics.md §8): their FP8 runs differ by more than float32 rounding.
+    fp8_bound = 1e-2 if jax.default_backend() == "gpu" and te_jax.kernels_enabled() else 1e-4
+    assert diffs[0] <= 1e-4 and diffs[1] <= fp8_bound, out
     if te_jax.kernels_enabled():
         assert "te_jax_act_lu" in kernels[0] and "te_jax_dact_dbias_quantize" in kernels[0], out
         assert "te_jax_quantize" in kernels[1] and "te_jax_quantize" not in kernels[0], out
