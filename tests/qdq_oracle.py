@@ -33,10 +33,6 @@ F32_ACC = 2.0**-23  # per term of a float32 dot product (docs/numerics.md §8)
 F32_SUM = 2.0**-24  # per row of a float32 column sum (docs/numerics.md §7)
 ACT_F32_TOL = 2e-5  # a float32 activation / derivative against float64 (§7, GELU forms)
 NORM_F32 = 2.0**-16  # the norm's float32 statistics and products, relative
-# te_jax's CUDA FP8 GEMM (docs/numerics.md §8): the tensor cores' accumulation, and a 16-bit
-# output rounded before the bias is added. Set by the tests where that GEMM runs.
-KERNEL_GEMM = False
-FP8_MMA_ACC = 2.0**-9
 
 
 class Iv(NamedTuple):
@@ -88,18 +84,15 @@ def widened(iv: Iv, rel, absolute=0.0) -> Iv:
     return Iv(iv.lo - d, iv.hi + d)
 
 
-def matmul(a: Iv, b: Iv, bias: Iv | None = None, *, fp8: bool = True) -> Iv:
+def matmul(a: Iv, b: Iv, bias: Iv | None = None) -> Iv:
     """``a (M, K) · b (K, N) (+ bias)`` accumulated in float32, before any rounding."""
     k = a.lo.shape[-1]
     c = a.mid @ b.mid
     r = np.abs(a.mid) @ b.rad + a.rad @ np.abs(b.mid) + a.rad @ b.rad
     s = a.mag @ b.mag
-    extra = FP8_MMA_ACC * s if KERNEL_GEMM and fp8 else 0.0
     if bias is not None:
-        if KERNEL_GEMM:  # the accumulator rounded to bfloat16 before the bias epilogue
-            extra = extra + 2.0**-8 * (np.abs(c) + r + max(k, 4) * F32_ACC * s)
         c, r, s = c + bias.mid, r + bias.rad, s + bias.mag
-    e = r + max(k, 4) * F32_ACC * s + extra
+    e = r + max(k, 4) * F32_ACC * s
     return Iv(c - e, c + e)
 
 
@@ -141,9 +134,7 @@ def activation(h: Iv, act_enum: int, gated: bool) -> Iv:
 def dact(dy: Iv, h: Iv, act_enum: int, gated: bool) -> Iv:
     """``dact(dy, h)`` in float32 (before rounding); ``dy`` has the activation's output shape."""
     vals = [
-        oracle.dact_lu(d, c, act_enum)
-        for c in _halves(gated, h.lo, h.hi)
-        for d in (dy.lo, dy.hi)
+        oracle.dact_lu(d, c, act_enum) for c in _halves(gated, h.lo, h.hi) for d in (dy.lo, dy.hi)
     ]
     factor = dy.mag * ((h.mag[..., 1, :] + 1.0) if gated else 1.0)
     curv = 2.0 * _curvature(h, gated, factor)

@@ -295,8 +295,10 @@ class _LinenTwice(nn.Module):
     @nn.compact
     def __call__(self, x):
         first = tef.DenseGeneral(H, activation="gelu", recipe=RECIPES["max"], name="d")
-        second = first if self.shared else tef.DenseGeneral(
-            H, activation="gelu", recipe=RECIPES["max"], name="e"
+        second = (
+            first
+            if self.shared
+            else tef.DenseGeneral(H, activation="gelu", recipe=RECIPES["max"], name="e")
         )
         return second(first(x))
 

@@ -303,10 +303,7 @@ class QuantizerSet:
             return self
         return _unflatten(
             None,
-            [
-                getattr(self, r).merge_updates(*(getattr(u, r) for u in updated))
-                for r in _ROLES
-            ],
+            [getattr(self, r).merge_updates(*(getattr(u, r) for u in updated)) for r in _ROLES],
         )
 
     def share(self, n: int = 2) -> tuple[QuantizerSet, ...]:
