@@ -417,9 +417,7 @@ def test_sequence_parallel_backward_alone(norm, recipe):
         compiled = backward.lower(vjp_fn, dy_sh).compile()
     text = compiled.as_text()
     got = compiled(vjp_fn, dy_sh)
-    moved = [
-        (op, s) for op, s in hlo_collectives(text) if int(np.prod(s)) in (x.size, x.size // 8)
-    ]
+    moved = [(op, s) for op, s in hlo_collectives(text) if int(np.prod(s)) in (x.size, x.size // 8)]
     assert sorted(op for op, _ in moved) == ["all-gather", "reduce-scatter"], moved
     assert got[1].sharding.is_equivalent_to(act_sh, x.ndim), got[1].sharding
     noise = None
@@ -476,16 +474,9 @@ NONLINEAR_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "strategy, dtype, loss", NONLINEAR_CASES, ids=["-".join(c) for c in NONLINEAR_CASES]
-)
-def test_fp8_state_under_a_nonlinear_loss(strategy, dtype, loss):
-    """One delayed-scaling step of the Linen stack, from the state an unsharded step left,
-    under a loss not linear in the output (the mean square, or a softmax cross-entropy over
-    the hidden axis): the next FP8 state against the unsharded step's. Bitwise where every
-    shard computes whole rows (DP, FSDP: each amax a maximum of the same values) and, under
-    every strategy, for the kernels and the first layer's input; elsewhere within
-    STATE_BOUND of the compute dtype (a split contraction's partial sums rounded per shard)."""
+def _nonlinear(dtype, loss):
+    """(the Linen stack, its next FP8 state as a function of (variables, x) under ``loss``, x):
+    a new function each call, since jax's trace cache does not see Flax's logical axis rules."""
     rng = np.random.default_rng(4)
     x = jnp.asarray(rng.standard_normal((BATCH, SEQ, H)), DTYPES[dtype])
     labels = jnp.asarray(rng.integers(0, H, (BATCH, SEQ)))
@@ -501,9 +492,31 @@ def test_fp8_state_under_a_nonlinear_loss(strategy, dtype, loss):
     def step(v, x):
         return jax.grad(loss_fn)(v, x)["fp8_metas"]
 
-    v = model.init(jax.random.key(0), x)
+    return model, step, x
+
+
+@functools.cache
+def _nonlinear_unsharded(dtype, loss):
+    """(variables holding the state an unsharded step left, the next unsharded state): the
+    strategies of one (dtype, loss) share them."""
+    model, step, x = _nonlinear(dtype, loss)
+    v = jax.jit(model.init)(jax.random.key(0), x)
     v = {"params": v["params"], "fp8_metas": jax.jit(step)(v, x)}  # scales from a past step
-    want = jax.jit(step)(v, x)
+    return v, jax.jit(step)(v, x)
+
+
+@pytest.mark.parametrize(
+    "strategy, dtype, loss", NONLINEAR_CASES, ids=["-".join(c) for c in NONLINEAR_CASES]
+)
+def test_fp8_state_under_a_nonlinear_loss(strategy, dtype, loss):
+    """One delayed-scaling step of the Linen stack, from the state an unsharded step left,
+    under a loss not linear in the output (the mean square, or a softmax cross-entropy over
+    the hidden axis): the next FP8 state against the unsharded step's. Bitwise where every
+    shard computes whole rows (DP, FSDP: each amax a maximum of the same values) and, under
+    every strategy, for the kernels and the first layer's input; elsewhere within
+    STATE_BOUND of the compute dtype (a split contraction's partial sums rounded per shard)."""
+    _, step, x = _nonlinear(dtype, loss)
+    v, want = _nonlinear_unsharded(dtype, loss)
     axes, resource = STRATEGIES[strategy]
     mesh = _mesh(axes)
     rules = resource.logical_axis_rules()
