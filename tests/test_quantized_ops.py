@@ -160,10 +160,11 @@ def test_standalone_quantize_equals_reference(mode, q_dtype, shape, rng):
         want = te_jax.quantize(x, q, implementation="xla")
         return got, want, got.dequantize(), want.dequantize()
 
-    for layout in LAYOUTS:
-        q = _quantizer(mode, q_dtype, layout)
-        x = jnp.asarray(rng.standard_normal(shape) * 10, jnp.bfloat16)
-        got, want, got_dq, want_dq = jax.jit(both)(x, q)
+    qs = [_quantizer(mode, q_dtype, layout) for layout in LAYOUTS]
+    xs = [jnp.asarray(rng.standard_normal(shape) * 10, jnp.bfloat16) for _ in LAYOUTS]
+    # Every layout in one program: one compilation, not three.
+    outs = jax.jit(lambda xs, qs: [both(x, q) for x, q in zip(xs, qs, strict=True)])(xs, qs)
+    for layout, (got, want, got_dq, want_dq) in zip(LAYOUTS, outs, strict=True):
         assert_same_scaled(got, want, layout.name)
         np.testing.assert_array_equal(
             np.asarray(got_dq, np.float32), np.asarray(want_dq, np.float32)
