@@ -478,14 +478,15 @@ def test_implementation_switch(act, op, impl, rng, monkeypatch):
     shape = (6, 2, 10) if act.gated else (6, 10)
     x = make_x(rng, shape, jnp.float32, act, params, kink_margin=0.02)
     dz = make_dz(rng, dz_shape(shape, act), jnp.float32)
-    f = jax.jit(_op_fn(op, act, params, impl))
-    calls = te_jax_custom_calls(f.lower(jnp.asarray(dz), jnp.asarray(x)).compile().as_text())
+    args = (jnp.asarray(dz), jnp.asarray(x))
+    f = jax.jit(_op_fn(op, act, params, impl)).lower(*args).compile()  # checked, then run
+    calls = te_jax_custom_calls(f.as_text())
     uses_ffi = {"ffi": True, "xla": False, None: te_jax.ffi_available()}[impl]
     if uses_ffi:
         assert calls, f"implementation={impl!r} did not lower to a te_jax kernel"
     else:
         assert not calls, f"implementation={impl!r} lowered to te_jax kernels {calls}"
-    _check_op_values(op, f(jnp.asarray(dz), jnp.asarray(x)), x, dz, act, params)
+    _check_op_values(op, f(*args), x, dz, act, params)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -498,15 +499,16 @@ def test_env_var_forces_xla(op, rng, monkeypatch):
     args = (jnp.asarray(dz), jnp.asarray(x))
 
     monkeypatch.setenv("TE_JAX_IMPLEMENTATION", "xla")
-    f = jax.jit(_op_fn(op, act, None, None))  # a fresh function: traced now, under the env var
-    assert not te_jax_custom_calls(f.lower(*args).compile().as_text())
+    # A fresh function, traced now under the env var; the compiled program checked, then run.
+    f = jax.jit(_op_fn(op, act, None, None)).lower(*args).compile()
+    assert not te_jax_custom_calls(f.as_text())
     _check_op_values(op, f(*args), x, dz, act, None)
     eager = _op_fn(op, act, None, None)(*args)
     _check_op_values(op, eager, x, dz, act, None)
 
     monkeypatch.delenv("TE_JAX_IMPLEMENTATION")
-    f = jax.jit(_op_fn(op, act, None, None))
-    calls = te_jax_custom_calls(f.lower(*args).compile().as_text())
+    f = jax.jit(_op_fn(op, act, None, None)).lower(*args).compile()
+    calls = te_jax_custom_calls(f.as_text())
     assert bool(calls) == te_jax.ffi_available()
     _check_op_values(op, f(*args), x, dz, act, None)
 
