@@ -1,4 +1,5 @@
-"""pytest configuration: per-test random generators, and the backend in the report header.
+"""pytest configuration: per-test random generators, the backend in the report header, and the
+``long`` tests first in the order (pytest-xdist then starts them early and fills in around them).
 
 The tests run unchanged on CPU (CI) and on a GPU: the backend is ``jax.default_backend()``.
 The sharded checks (``tests/sharded/sharded_checks.py``) need 8 devices set up before jax
@@ -35,6 +36,11 @@ def pytest_report_header(config):
         f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}",
         f"te_jax ffi_available: {avail}",
     ]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``long`` (tens of seconds each) first, the rest in their order."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 @pytest.fixture

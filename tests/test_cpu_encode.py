@@ -51,6 +51,7 @@ def _xla_include() -> Path:
     return Path(jaxlib.__file__).parent / "include"
 
 
+@pytest.mark.long
 @pytest.mark.skipif(_compiler() is None, reason="no C++ compiler")
 def test_encoders_match_formats_h(tmp_path):
     exe = tmp_path / "encode_test"

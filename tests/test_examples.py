@@ -16,6 +16,7 @@ import te_jax
 import te_jax.demo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.long
 
 
 def test_demo_trains(capsys):

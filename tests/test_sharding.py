@@ -27,6 +27,7 @@ CHECK_FILES = {
 PARTS = [(f, k, n) for f, (_, n) in CHECK_FILES.items() for k in range(n)]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize(
     "checks, part, parts", PARTS, ids=[f if n == 1 else f"{f}-{k + 1}of{n}" for f, k, n in PARTS]
 )
