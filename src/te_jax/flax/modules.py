@@ -83,6 +83,17 @@ def _compute_dtype(where: str, dtype, x):
     return layers.compute_dtype(where, dtype, x)
 
 
+def _norm_input(module, where: str, inputs, param: str):
+    """A normed module's input ``(..., H)`` in the compute dtype, its feature axis checked
+    against ``param``'s (when the variables exist)."""
+    x = jnp.asarray(inputs)
+    x = x.astype(_compute_dtype(where, module.dtype, x))
+    if x.ndim == 0:
+        raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
+    _check_input(module, where, x.shape, (x.ndim - 1,), param)
+    return x
+
+
 def _quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str, where: str):
     """``fp8_state.quantizer_set``, once delayed scaling's variables are known to be there (or
     creatable): their absence is a te_jax error naming the fix, not Flax's."""
@@ -189,11 +200,7 @@ class LayerNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., H)`` → ``(..., H)`` in the compute dtype."""
         where = "te_jax.flax.LayerNorm"
-        x = jnp.asarray(x)
-        x = x.astype(_compute_dtype(where, self.dtype, x))
-        if x.ndim == 0:
-            raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
-        _check_input(self, where, x.shape, (x.ndim - 1,), "scale")
+        x = _norm_input(self, where, x, "scale")
         gamma, beta = _NormParams.create(self, x.shape[-1], where)
         return layernorm(
             x,
@@ -317,11 +324,7 @@ class LayerNormDenseGeneral(nn.Module):
     def __call__(self, inputs: jax.Array):
         """``inputs (..., H)`` → ``(y (..., *features), ln_out (..., H) or None)``."""
         where = "te_jax.flax.LayerNormDenseGeneral"
-        x = jnp.asarray(inputs)
-        x = x.astype(_compute_dtype(where, self.dtype, x))
-        if x.ndim == 0:
-            raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
-        _check_input(self, where, x.shape, (x.ndim - 1,), "kernel")
+        x = _norm_input(self, where, inputs, "kernel")
         ln_out = x
         if self.enable_layernorm:
             gamma, beta = _NormParams.create(self, x.shape[-1], where)
@@ -392,11 +395,7 @@ class LayerNormMLP(nn.Module):
                 f"{self.intermediate_dropout_rate}"
             )
         inter = layers.check_sizes(where, "intermediate_dim", self.intermediate_dim, False)[0]
-        x = jnp.asarray(inputs)
-        x = x.astype(_compute_dtype(where, self.dtype, x))
-        if x.ndim == 0:
-            raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
-        _check_input(self, where, x.shape, (x.ndim - 1,), "wi_kernel")
+        x = _norm_input(self, where, inputs, "wi_kernel")
         hidden, gated = x.shape[-1], act.is_gated
         gamma = beta = None
         if self.enable_layernorm:
