@@ -111,17 +111,23 @@ CASE_IDS = [f"{a}-{'bias' if b else 'nobias'}-{d}" for a, b, d in CASES]
 # ---- jvp, jacfwd, hvp ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("act, bias, dtype", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("op", OPS)
-def test_jvp_matches_float64(op, act, bias, dtype, rng):
-    """``jax.jvp`` along every operand, and along the kernel alone (the other tangents zero),
-    eagerly and under jit: the primal is the op's own, the tangent the float64 math's."""
+def _case(op, act, bias, dtype, rng):
+    """``(activation, dtype, op function, primals, random tangents)`` of one case (skipped for
+    fused_mlp without an activation)."""
     if op == "fused_mlp" and act == "none":
         pytest.skip("fused_mlp always has an activation")
     a, dt = ACTS[act], DTYPES[dtype]
     f = _op(op, a)
     primals = _args(op, _operands(rng, a, bias, dt))
-    tangents = _tangents(rng, primals)
+    return a, dt, f, primals, _tangents(rng, primals)
+
+
+@pytest.mark.parametrize("act, bias, dtype", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("op", OPS)
+def test_jvp_matches_float64(op, act, bias, dtype, rng):
+    """``jax.jvp`` along every operand, and along the kernel alone (the other tangents zero),
+    eagerly and under jit: the primal is the op's own, the tangent the float64 math's."""
+    a, dt, f, primals, tangents = _case(op, act, bias, dtype, rng)
     y, y_dot = jax.jvp(f, primals, tangents)
     assert y.dtype == y_dot.dtype == dt and y_dot.shape == y.shape
     np.testing.assert_array_equal(np.asarray(y), np.asarray(f(*primals)))
@@ -170,12 +176,7 @@ def test_jacfwd_equals_jacrev(op, act, dtype, rng):
 def test_hessian_vector_product_matches_float64(op, act, dtype, rng):
     """``jvp(grad(loss))``, forward over reverse, with respect to every operand: the backward's
     kernels differentiated in forward mode, against the float64 math's."""
-    if op == "fused_mlp" and act == "none":
-        pytest.skip("fused_mlp always has an activation")
-    a, dt = ACTS[act], DTYPES[dtype]
-    f = _op(op, a)
-    primals = _args(op, _operands(rng, a, True, dt))
-    tangents = _tangents(rng, primals)
+    a, dt, f, primals, tangents = _case(op, act, True, dtype, rng)
     c = jnp.asarray(rng.uniform(-1, 1, jax.eval_shape(f, *primals).shape), jnp.float32)
 
     def loss(*args):
