@@ -33,7 +33,6 @@ call, and on a GPU the median SM clock and board power while the row's samples r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import importlib
 import json
@@ -108,20 +107,11 @@ def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
     return FlaxMLP()
 
 
-@contextlib.contextmanager
-def _dgelu_epilogue(prec: str):
-    """While tracing: te_jax.fused_mlp's bf16 GELU backward in a separate dact pass
-    (``te_linen:bf16``, the default), or in the dgrad GEMM's DGELU epilogue with dbias_1 summed
-    from dh (``te_linen:bf16_dgelu``) or in the epilogue too (``te_linen:bf16_dgelu_bgrad``):
-    the A/B rows."""
-    mod = importlib.import_module("te_jax.fused_mlp")  # te_jax.fused_mlp is also the function
-    before = mod._DGELU_EPILOGUE, mod._DGELU_BGRAD
-    mod._DGELU_EPILOGUE = prec.startswith("bf16_dgelu")
-    mod._DGELU_BGRAD = prec == "bf16_dgelu_bgrad"
-    try:
-        yield
-    finally:
-        mod._DGELU_EPILOGUE, mod._DGELU_BGRAD = before
+def _gelu_backward(prec: str) -> str:
+    """te_jax.fused_mlp's ``gelu_backward`` for a te_linen row: a separate dact pass
+    (``te_linen:bf16``, the default), the dgrad GEMM's DGELU epilogue with dbias_1 summed from dh
+    (``te_linen:bf16_dgelu``) or in the epilogue too (``te_linen:bf16_dgelu_bgrad``)."""
+    return {"bf16_dgelu": "dgelu", "bf16_dgelu_bgrad": "dgelu_bgrad"}.get(prec, "dact")
 
 
 def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
@@ -145,12 +135,12 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
             use_bias=True,
             recipe=_recipe(te_jax, prec),
             return_layernorm_output=False,
+            gelu_backward=_gelu_backward(prec),
         )
         state = jax.tree.map(lambda a: a, m.init(key, x0))
 
         def out(state, x):
-            with _dgelu_epilogue(prec):
-                return m.apply(state, x)[0]
+            return m.apply(state, x)[0]
 
     else:
         from flax import nnx

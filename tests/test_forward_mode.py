@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import importlib
 import re
 
 import flax.linen as nn
@@ -247,27 +246,17 @@ def _epilogues(jaxpr) -> list[str]:
     out = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "te_jax_gemm":
-            out.append(eqn.params["epilogue"].name)
+            out.append(eqn.params["config"].epilogue.name)
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             out += _epilogues(sub)
     return sorted(out)
 
 
-def _on_kernel_gemm(monkeypatch):
-    """te_jax's CUDA GEMM where it runs; elsewhere its choices simulated: the GEMM primitive
-    bound as on a GPU, lowered to its pure-JAX reference (epilogues included)."""
-    if KERNEL_GEMM:
-        return
-    dense_module = importlib.import_module("te_jax.dense")
-    monkeypatch.setattr(dense_module, "_gemm_on_kernel", lambda *a: True)
-    monkeypatch.setattr(dense_module, "_gemm_impl", lambda cfg: None)
-
-
-def test_gpu_epilogues_stay_in_the_primal(monkeypatch, rng):
-    """With the GEMMs on te_jax's CUDA handler (simulated off a GPU, traced only), the GELU
-    stays in the forward GEMM's epilogue: GELU alone, GELU_AUX (h kept) in jvp's primal and in
-    grad, whose backward GEMMs are plain."""
-    _on_kernel_gemm(monkeypatch)
+@pytest.mark.skipif(not KERNEL_GEMM, reason="the GELU epilogue is te_jax_gemm's (CUDA)")
+def test_gpu_epilogues_stay_in_the_primal(rng):
+    """With the GEMMs on te_jax's CUDA handler (traced only), the GELU stays in the forward
+    GEMM's epilogue: GELU alone, GELU_AUX (h kept) in jvp's primal and in grad, whose backward
+    GEMMs are plain."""
     a = ACTS["gelu"]
     x, k, b, _, _ = _operands(rng, a, True, jnp.bfloat16)
     f = _op("dense", a)
@@ -281,14 +270,15 @@ def test_gpu_epilogues_stay_in_the_primal(monkeypatch, rng):
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_dgelu_epilogue_backward_in_both_modes(bias, monkeypatch, rng):
+def test_dgelu_epilogue_backward_in_both_modes(bias, rng):
     """fused_mlp's opt-in DGELU (+ BGRAD) backward epilogue: grad runs it (one DGELU GEMM),
     and the jvp, jacfwd == jacrev and the Hessian-vector product through it match the float64
     math."""
-    _on_kernel_gemm(monkeypatch)
-    monkeypatch.setattr(importlib.import_module("te_jax.fused_mlp"), "_DGELU_EPILOGUE", True)
     a, dt = ACTS["gelu"], jnp.bfloat16
-    f = _op("fused_mlp", a)
+
+    def f(x, k1, b1, k2, b2):
+        return te_jax.fused_mlp(x, k1, k2, b1, b2, _names(a), gelu_backward="dgelu_bgrad")
+
     primals = _operands(rng, a, True, dt)
     if not bias:
         f = (lambda g: lambda x, k1, k2: g(x, k1, None, k2, None))(f)

@@ -8,7 +8,6 @@ refused."""
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 
 import jax
@@ -19,7 +18,7 @@ import pytest
 import dense_oracle as do
 import te_jax
 from helpers import ACT_BY_ALIAS, ACTS, SOME_ACTS, Act
-from te_jax.fused_mlp import fused_mlp
+from te_jax import fused_mlp
 from te_jax.primitives.gemm import GemmEpilogue
 from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
 from test_dense import make_operands, names
@@ -158,59 +157,63 @@ def test_against_float64(dtype, bias, rng):
 # ---- the fusions are taken ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bgrad", [True, False], ids=["bgrad", "sum"])
+def _gemm_epilogues(jaxpr) -> list:
+    """``(epilogue, grad_bias)`` of every GEMM primitive in ``jaxpr`` (sub-jaxprs included),
+    and the names of the other te_jax primitives."""
+    gemms, others = [], []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "te_jax_gemm":
+            cfg = eqn.params["config"]
+            gemms.append((cfg.epilogue, cfg.grad_bias))
+        elif eqn.primitive.name.startswith("te_jax"):
+            others.append(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            g, o = _gemm_epilogues(sub)
+            gemms, others = gemms + g, others + o
+    return gemms, others
+
+
+@pytest.mark.parametrize("backward", ["dgelu", "dgelu_bgrad"])
 @pytest.mark.parametrize("out_axes", [(H,), (2, H // 2)], ids=["out1", "out2"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
-def test_dgelu_epilogue_path(bias, out_axes, bgrad, rng, monkeypatch):
-    """The bf16 GELU backward with te_jax's GEMM, the epilogue switched on: kernel_2's dgrad
-    GEMM takes the DGELU epilogue (dbias_1, where there is a bias, summed in it, or with
-    ``_DGELU_BGRAD`` off summed from dh in float32) and no dact pass runs.
-    The kernel path is emulated on the CPU by the GEMM primitive's pure-JAX epilogues
-    (dense_oracle.KERNEL_GEMM's roundings), against the composition within a bf16 rounding of
-    the intermediate."""
-    dense_mod = importlib.import_module("te_jax.dense")  # te_jax.dense is the function
-    fused_mod = importlib.import_module("te_jax.fused_mlp")
-    monkeypatch.setattr(dense_mod, "_gemm_on_kernel", lambda *a: True)
-    monkeypatch.setattr(dense_mod, "_gemm_impl", lambda cfg: "xla")
-    monkeypatch.setattr(fused_mod, "_DGELU_EPILOGUE", True)  # off by default (measured slower)
-    monkeypatch.setattr(fused_mod, "_DGELU_BGRAD", bgrad)  # dbias_1 in the epilogue, or summed
-    seen = []
-    real = fused_mod.bind_gemm
-
-    def spy(*a, **kw):
-        seen.append((kw.get("epilogue"), kw.get("grad_bias")))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(fused_mod, "bind_gemm", spy)
-    dact_calls = []
-    real_dact = dense_mod._dact
-
-    def dact_spy(dy2, act_in, cfg, *a, **kw):
-        dact_calls.append(cfg.act)
-        return real_dact(dy2, act_in, cfg, *a, **kw)
-
-    monkeypatch.setattr(dense_mod, "_dact", dact_spy)
-
+def test_dgelu_epilogue_path(bias, out_axes, backward, rng):
+    """The bf16 GELU backward with ``gelu_backward="dgelu"`` / ``"dgelu_bgrad"``: kernel_2's
+    dgrad GEMM takes the DGELU epilogue (dbias_1, where there is a bias, summed in it with
+    ``"dgelu_bgrad"``, from dh in float32 with ``"dgelu"``) and no dact pass runs; against the
+    composition within a bf16 rounding of the intermediate. Off a GPU the GEMM primitive runs
+    its pure-JAX epilogues; the default ``"dact"`` runs the dact pass instead."""
     act = ACT_BY_ALIAS["gelu"]
     x, k1, b1, k2, b2, dy = _operands(rng, act, bias=bias)
     k2 = k2.astype(k1.dtype).reshape((INTER,) + out_axes)
     b2 = None if b2 is None else b2.astype(k1.dtype).reshape(out_axes)
     dy = dy.reshape(dy.shape[:-1] + out_axes)
-    got = jax.jit(lambda *a: _value_and_grads.__wrapped__(_fused, *a, names(act)))(
-        x, k1, b1, k2, b2, _sets(None), dy
-    )
-    assert seen == [(GemmEpilogue.DGELU, bias and bgrad)], seen
-    assert all(a is None for a in dact_calls), f"a dact pass ran for {dact_calls}"
-    want = _value_and_grads(_composed, x, k1, b1, k2, b2, _sets(None), dy, names(act))
-    _assert_close(got, want, False, 2**-7, "dgelu epilogue")
-    if bias and bgrad and len(out_axes) == 1:  # the default (benchmarks/mlp.py's A/B rows)
-        monkeypatch.setattr(fused_mod, "_DGELU_EPILOGUE", False)
-        seen.clear()
-        off = jax.jit(lambda *a: _value_and_grads.__wrapped__(_fused, *a, names(act)))(
-            x, k1, b1, k2, b2, _sets(None), dy
-        )
-        assert seen == [] and any(a is not None for a in dact_calls), (seen, dact_calls)
-        _assert_close(off, want, False, 2**-7, "dact pass")
+    args = (x, k1, b1, k2, b2, _sets(None), dy)
+
+    def step(backward):
+        def fused(x, k1, b1, k2, b2, qs, act, impl=None):
+            return fused_mlp(x, k1, k2, b1, b2, act, qs, gelu_backward=backward)
+
+        return lambda *a: _value_and_grads.__wrapped__(fused, *a, names(act))
+
+    gemms, others = _gemm_epilogues(jax.make_jaxpr(step(backward))(*args).jaxpr)
+    dgelu = [g for g in gemms if g[0] == GemmEpilogue.DGELU]
+    assert dgelu == [(GemmEpilogue.DGELU, bias and backward == "dgelu_bgrad")], gemms
+    assert not [o for o in others if "dact" in o], f"a dact pass ran: {others}"
+    want = _value_and_grads(_composed, *args, names(act))
+    _assert_close(jax.jit(step(backward))(*args), want, False, 2**-7, "dgelu epilogue")
+    if bias and backward == "dgelu_bgrad" and len(out_axes) == 1:  # the default: a dact pass
+        gemms, others = _gemm_epilogues(jax.make_jaxpr(step("dact"))(*args).jaxpr)
+        assert GemmEpilogue.DGELU not in [g[0] for g in gemms], gemms
+        assert [o for o in others if "dact" in o], others
+        _assert_close(jax.jit(step("dact"))(*args), want, False, 2**-7, "dact pass")
+
+
+def test_gelu_backward_checked():
+    """An unknown ``gelu_backward`` is a ValueError naming it and the choices."""
+    act = ACT_BY_ALIAS["gelu"]
+    x, k1, k2 = jnp.ones((4, 16)), jnp.ones((16, 32)), jnp.ones((32, 16))
+    with pytest.raises(ValueError, match=r"gelu_backward must be one of 'dact'.*got 'fast'"):
+        fused_mlp(x, k1, k2, activation_type=names(act), gelu_backward="fast")
 
 
 def _lowered_targets(fn, *args) -> list[str]:
@@ -222,19 +225,21 @@ def _lowered_targets(fn, *args) -> list[str]:
     not do.KERNEL_GEMM, reason="the fusions across the GEMM boundary are te_jax_gemm's (CUDA)"
 )
 @pytest.mark.parametrize("recipe", ["bf16", "bf16_dgelu", "delayed", "current"])
-def test_compiled_step_kernels(recipe, rng, monkeypatch):
+def test_compiled_step_kernels(recipe, rng):
     """The compiled forward + backward of the GELU MLP: six te_jax_gemm calls; bf16 runs one
     dact pass (GELU in the forward GEMM's epilogue), none with the DGELU epilogue switched on;
     FP8 runs one act_lu (the quantized activation, one pass, plus current scaling's amax pass)
     and one dact_dbias_quantize, and quantizes only x, the kernels and dy on their own."""
     act = ACT_BY_ALIAS["gelu"]
     x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(256,))
-    if recipe == "bf16_dgelu":
-        monkeypatch.setattr(importlib.import_module("te_jax.fused_mlp"), "_DGELU_EPILOGUE", True)
     qs = _sets(RECIPES.get(recipe))
+    backward = "dgelu_bgrad" if recipe == "bf16_dgelu" else "dact"
+
+    def fused(x, k1, b1, k2, b2, qs, act, impl=None):
+        return fused_mlp(x, k1, k2, b1, b2, act, qs, gelu_backward=backward)
 
     def step(x, k1, b1, k2, b2, qs, dy):
-        return _value_and_grads.__wrapped__(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
+        return _value_and_grads.__wrapped__(fused, x, k1, b1, k2, b2, qs, dy, names(act))
 
     targets = _lowered_targets(step, x, k1, b1, k2, b2, qs, dy)
     count = {t: targets.count(t) for t in set(targets)}

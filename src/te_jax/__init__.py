@@ -12,9 +12,9 @@ from te_jax import quantize, recipe, reference, sharding
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
-from te_jax.dense import dense
+from te_jax.linear.dense import dense
+from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.dispatch import kernels_enabled
-from te_jax.fused_mlp import fused_mlp
 from te_jax.recipe import QuantizerSet
 
 __version__ = "0.1.0"

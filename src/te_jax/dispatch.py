@@ -8,6 +8,15 @@
 The environment variable ``TE_JAX_IMPLEMENTATION=xla`` (read at trace time) forces the pure-JAX
 path for every call that does not say ``implementation="ffi"``.
 
+``decide`` is the one decision every op asks: ``Path.XLA`` (the pure-JAX functions, no
+primitive), ``Path.PRIMITIVE`` (the op's primitive, which lowers to the kernel on the platforms
+its FFI target is registered for and to its pure-JAX form elsewhere) or ``Path.KERNEL`` (the
+primitive, and the default backend runs its kernel: what decides, e.g., whether an activation
+runs in the GEMM's epilogue).
+
+``deterministic_gemm`` says whether the GEMM kernel must give the same bits in every process:
+``TE_JAX_DETERMINISTIC=1`` or XLA's ``--xla_gpu_deterministic_ops=true`` in ``XLA_FLAGS``.
+
 Inputs are float32, bfloat16 or float16 (the kernels' dtypes) or float64 (with
 ``jax_enable_x64``), which always takes the pure-JAX path and computes in float64; anything else
 is a ``TypeError`` at trace time (``check_input_dtype``).
@@ -15,6 +24,7 @@ is a ``TypeError`` at trace time (``check_input_dtype``).
 
 from __future__ import annotations
 
+import enum
 import os
 import warnings
 
@@ -23,7 +33,15 @@ import jax.numpy as jnp
 
 from te_jax import _ffi
 
-__all__ = ["use_ffi", "check_input_dtype", "kernels_enabled", "environment_implementation"]
+__all__ = [
+    "Path",
+    "decide",
+    "use_ffi",
+    "check_input_dtype",
+    "kernels_enabled",
+    "environment_implementation",
+    "deterministic_gemm",
+]
 
 _KERNEL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _INPUT_DTYPES = _KERNEL_DTYPES + (jnp.dtype(jnp.float64),)
@@ -66,20 +84,38 @@ def kernels_enabled(backend: str | None = None) -> bool:
     return _ffi.ffi_available(jax.default_backend() if backend is None else backend)
 
 
-def use_ffi(
+class Path(enum.Enum):
+    """Where an op runs (``decide``)."""
+
+    XLA = "xla"  # the pure-JAX functions, no te_jax primitive
+    PRIMITIVE = "primitive"  # the primitive: the kernel where registered, pure JAX elsewhere
+    KERNEL = "kernel"  # the primitive, and the default backend has its kernel
+
+
+def decide(
     op: str,
     implementation: str | None,
     dtype,
     *,
     target: str | None = None,
     kernel_dtypes=_KERNEL_DTYPES,
-) -> bool:
-    """Decides between the kernel and the pure-JAX path (see the module docstring).
+) -> Path:
+    """The one decision between te_jax's kernel and the pure-JAX path (module docstring).
 
-    ``target`` names the op's FFI target when it does not exist on every platform te_jax builds
-    (``te_jax_gemm`` has a CUDA handler only): ``implementation="ffi"`` then needs that target on
-    the default backend, not just te_jax's extension. ``kernel_dtypes`` are the input dtypes its
-    kernel takes (float32, bfloat16, float16 unless said).
+    Args:
+      op: the op's name in messages (``"dense"`` for ``te_jax.dense``).
+      implementation: ``None``, ``"ffi"`` or ``"xla"`` as the user gave it.
+      dtype: the op's input dtype; float64 (and any dtype outside ``kernel_dtypes``) takes the
+        pure-JAX path, and ``"ffi"`` then raises.
+      target: the FFI target, when it is not registered on every platform te_jax builds
+        (``te_jax_gemm`` has a CUDA handler only): ``"ffi"`` then needs that target on the
+        default backend, not just te_jax's extension.
+      kernel_dtypes: the input dtypes the kernel takes (float32, bfloat16, float16 unless said).
+
+    Raises:
+      ValueError: an unknown ``implementation``.
+      TypeError: ``"ffi"`` with a dtype the kernel does not take.
+      RuntimeError: ``"ffi"`` on a backend without the kernel.
     """
     if implementation not in _IMPLEMENTATIONS:
         raise ValueError(
@@ -88,9 +124,10 @@ def use_ffi(
     if implementation is None:
         implementation = environment_implementation()
     if implementation == "xla":
-        return False
+        return Path.XLA
     kernel_dtypes = tuple(jnp.dtype(d) for d in kernel_dtypes)
     kernel_dtype = jnp.dtype(dtype) in kernel_dtypes
+    backend = jax.default_backend()
     if implementation == "ffi":
         if not kernel_dtype:
             *first, last = (d.name for d in kernel_dtypes)
@@ -99,7 +136,6 @@ def use_ffi(
                 f"te_jax.{op}: the FFI kernels take {names} inputs, got "
                 f"{jnp.dtype(dtype).name}; use implementation=None or 'xla' for other dtypes"
             )
-        backend = jax.default_backend()
         if not _kernel_available(backend, target):
             reason = _ffi.load_error(backend)
             if reason is None and target is not None and _ffi.ffi_available(backend):
@@ -109,13 +145,48 @@ def use_ffi(
             raise RuntimeError(
                 f"te_jax.{op}: implementation='ffi' but te_jax has no {what} for the "
                 f"{backend!r} backend" + (f" ({reason})" if reason else "")
+                + "; use implementation=None or 'xla'"
             )
-        return True
-    # None: the outer primitive lowers to the kernel where one is registered, to the reference
+        return Path.KERNEL
+    # None: the primitive lowers to the kernel where one is registered and to its pure-JAX form
     # elsewhere, so only dtypes the kernels cannot take are routed away here.
-    if not kernel_dtype and jnp.dtype(dtype) == jnp.float64:
-        _warn_float64(op, target)
-    return kernel_dtype
+    if not kernel_dtype:
+        if jnp.dtype(dtype) == jnp.float64:
+            _warn_float64(op, target)
+        return Path.XLA
+    return Path.KERNEL if _kernel_available(backend, target) else Path.PRIMITIVE
+
+
+def use_ffi(
+    op: str,
+    implementation: str | None,
+    dtype,
+    *,
+    target: str | None = None,
+    kernel_dtypes=_KERNEL_DTYPES,
+) -> bool:
+    """Whether the op binds its primitive: ``decide(...)`` is not ``Path.XLA``."""
+    path = decide(op, implementation, dtype, target=target, kernel_dtypes=kernel_dtypes)
+    return path is not Path.XLA
+
+
+def deterministic_gemm() -> bool:
+    """Whether the GEMM kernel must be bitwise reproducible across processes (read at trace
+    time): ``TE_JAX_DETERMINISTIC=1`` (or ``true``), or ``--xla_gpu_deterministic_ops`` set true
+    in ``XLA_FLAGS``. It then takes cuBLASLt's first heuristic algorithm instead of the fastest
+    of several timed ones, and no algorithm whose reduction order can vary."""
+    env = os.environ.get("TE_JAX_DETERMINISTIC", "").strip().lower()
+    if env not in ("", "0", "1", "false", "true"):
+        raise ValueError(f"TE_JAX_DETERMINISTIC must be 0 or 1, got {env!r}")
+    if env in ("1", "true"):
+        return True
+    if env in ("0", "false"):
+        return False
+    for flag in os.environ.get("XLA_FLAGS", "").split():
+        name, _, value = flag.partition("=")
+        if name == "--xla_gpu_deterministic_ops":
+            return value.strip().lower() in ("", "true", "1")
+    return False
 
 
 def _kernel_available(backend: str, target: str | None) -> bool:

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
-from te_jax.dense import dense
-from te_jax.fused_mlp import fused_mlp
+from te_jax.linear.dense import dense
+from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.normalization import layernorm
 from te_jax.recipe import QuantizerSet, Recipe
 from te_jax.sharding import gather_sequence, split_sequence

@@ -142,6 +142,13 @@ class ScalingModeImpl:
       kernel_writes_amax: the quantizing kernel fills its ``amax`` slot (delayed scaling).
       has_amax: the quantized tensor reports an amax (``ScaledTensor.amax``).
       has_global_scale_inv: the quantized tensor has ``global_scale_inv`` (NVFP4's ``1/S``).
+      gemm_operands: what te_jax's GEMM (``te_jax.gemm``, ``dense``) does with this mode's
+        tensors: ``"codes"`` (the quantized data and its per-tensor ``scale_inv`` go to the FP8
+        GEMM, each operand in the "TN" form its colwise copy stores), ``"dequantized"`` (each
+        copy dequantized exactly in the compute dtype and multiplied there: MXFP8 without an
+        MXFP8 GEMM), or ``None`` (no GEMM takes it).
+      gemm_folds_rows: the GEMM's rows are one axis (block scaling: a colwise block runs down
+        one row axis, so a tensor's leading axes are folded before it is quantized).
     """
 
     mode: ClassVar[ScalingMode]
@@ -155,6 +162,8 @@ class ScalingModeImpl:
     has_amax: ClassVar[bool] = False
     has_global_scale_inv: ClassVar[bool] = False
     is_tensor_scaling: ClassVar[bool] = False
+    gemm_operands: ClassVar[str | None] = None
+    gemm_folds_rows: ClassVar[bool] = False
 
     @property
     def name(self) -> str:
@@ -327,6 +336,7 @@ class _TensorScaling(ScalingModeImpl):
     q_dtypes = (formats.E4M3, formats.E5M2)
     is_tensor_scaling = True
     has_amax = True
+    gemm_operands = "codes"
 
     def scale_names(self, layout):
         return ("scale_inv",)
@@ -505,6 +515,8 @@ class MXFP8BlockScaling(_BlockScaling):
     ``scale_inv = 2^e`` as E8M0 (an all-zero block stores 2^-127, a NaN block 0xFF)."""
 
     mode = ScalingMode.MXFP8_1D_SCALING
+    gemm_operands = "dequantized"
+    gemm_folds_rows = True
     q_dtypes = (formats.E4M3, formats.E5M2)
     block_size = 32
     block_scale_dtype = formats.E8M0

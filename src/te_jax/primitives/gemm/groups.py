@@ -19,9 +19,9 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
-from te_jax.primitives.gemm_epilogue import GemmEpilogue
+from te_jax.primitives.gemm.config import GemmConfig
 
-__all__ = ["Groups", "groups", "arrange", "grouped"]
+__all__ = ["Groups", "groups", "arrange", "grouped", "rhs_kd"]
 
 
 class Groups(NamedTuple):
@@ -41,7 +41,7 @@ class Groups(NamedTuple):
 
 
 def groups(lhs_shape, rhs_shape, lhs_trans: bool, rhs_trans: bool, k_ndim: int, n_ndim: int):
-    """The groups of ``lhs_shape`` / ``rhs_shape`` (no checking: see ``gemm._check_groups``)."""
+    """The groups of ``lhs_shape`` / ``rhs_shape`` (no checking: see ``checks.check_groups``)."""
     lhs_shape, rhs_shape = tuple(lhs_shape), tuple(rhs_shape)
     nb = len(lhs_shape) - 1 - k_ndim
     batch = lhs_shape[:nb]
@@ -70,28 +70,26 @@ def rhs_kd(rhs_shape, rhs_trans: bool, k_ndim: int, n_ndim: int) -> tuple[int, .
 
 
 def grouped(fn: Callable) -> Callable:
-    """``fn`` (the one-K, one-N GEMM: operands and params as the primitive's) on grouped
-    operands: folds the groups, runs ``fn``, and gives its results their groups back."""
+    """``fn(lhs, rhs, bias, aux, lhs_si, rhs_si, config)`` (the one-K, one-N GEMM) on grouped
+    operands: folds the groups, runs ``fn`` with ``config.flat``, and gives its results their
+    groups back."""
 
-    def run(lhs, rhs, bias, aux, lhs_si, rhs_si, *, k_ndim=1, n_ndim=1, **params):
-        if k_ndim == 1 and n_ndim == 1:
-            return fn(lhs, rhs, bias, aux, lhs_si, rhs_si, **params)
-        lt, rt = params["lhs_trans"], params["rhs_trans"]
-        g = groups(lhs.shape, rhs.shape, lt, rt, k_ndim, n_ndim)
+    def run(lhs, rhs, bias, aux, lhs_si, rhs_si, config: GemmConfig):
+        if config.is_flat:
+            return fn(lhs, rhs, bias, aux, lhs_si, rhs_si, config)
+        lt, rt = config.lhs_trans, config.rhs_trans
+        g = groups(lhs.shape, rhs.shape, lt, rt, config.k_ndim, config.n_ndim)
         lhs_shape, rhs_shape, _ = arrange(g.batch, g.m, (g.k,), (g.n,), lt, rt, g.shared_rhs)
         lhs, rhs = lhs.reshape(lhs_shape), rhs.reshape(rhs_shape)
-        if bias.ndim == n_ndim and n_ndim > 1:  # present (absent is (0,))
+        if bias.ndim == config.n_ndim > 1:  # present (absent is (0,))
             bias = bias.reshape(g.n)
-        if aux.ndim == len(g.batch) + 1 + n_ndim and aux.ndim > 1:
+        if config.reads_aux:
             aux = aux.reshape(g.batch + (g.m, g.n))
-        outs = iter(fn(lhs, rhs, bias, aux, lhs_si, rhs_si, **params))
+        outs = fn(lhs, rhs, bias, aux, lhs_si, rhs_si, config.flat)
         out_shape = g.batch + (g.m,) + g.f
-        # The results in order: out, aux (GELU_AUX), dbias (grad_bias), amax (output_amax).
-        results = [next(outs).reshape(out_shape)]
-        if params["epilogue"] == GemmEpilogue.GELU_AUX:
-            results.append(next(outs).reshape(out_shape))
-        if params["grad_bias"]:
-            results.append(next(outs).reshape(g.f))
-        return results + list(outs)
+        return [
+            o.reshape(want)
+            for o, want in zip(outs, config.results(out_shape, g.f), strict=True)
+        ]
 
     return run

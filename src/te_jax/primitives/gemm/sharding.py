@@ -17,8 +17,7 @@ product elsewhere: the same partition on every platform) on its block:
   it just before the GEMM; the activation is never gathered. Where lhs and rhs split ``k``
   differently, lhs's split is kept and rhs is resharded to it.
 
-dbias (``grad_bias``) is psummed over the axes splitting the rows; ``output_amax`` is the max
-over every shard of ``out``.
+dbias (``grad_bias``) is psummed over the axes splitting the rows.
 """
 
 from __future__ import annotations
@@ -29,48 +28,30 @@ import jax.numpy as jnp
 from jax import lax
 
 from te_jax.primitives import base
-from te_jax.primitives.gemm_epilogue import GemmEpilogue
-from te_jax.primitives.gemm_groups import arrange, groups
+from te_jax.primitives.gemm.config import GemmConfig
+from te_jax.primitives.gemm.groups import arrange, groups
 
 __all__ = ["make_partitioned_gemm"]
 
-_STATICS = (
-    "lhs_trans",
-    "rhs_trans",
-    "epilogue",
-    "out_dtype",
-    "grad_bias",
-    "output_amax",
-    "split_accumulator",
-    "k_ndim",
-    "n_ndim",
-)
 
-
-def _sharding_rule(p: dict, operand_types):
+def _sharding_rule(config: GemmConfig, operand_types):
     """The Shardy rule: factors ``b…``, ``m``, ``k…`` (reduction factors), ``n…``."""
     lhs, rhs, bias, aux, ls, rs = (t.shape for t in operand_types)
-    k_ndim, n_ndim = p["k_ndim"], p["n_ndim"]
+    k_ndim, n_ndim = config.k_ndim, config.n_ndim
     b = [f"b{i}" for i in range(len(lhs) - 1 - k_ndim)]
     k = [f"k{i}" for i in range(k_ndim)]
     n = [f"n{i}" for i in range(n_ndim)]
     shared = len(rhs) == k_ndim + n_ndim
-    lhs_f, rhs_f, out = arrange(b, "m", k, n, p["lhs_trans"], p["rhs_trans"], shared)
+    lhs_f, rhs_f, out = arrange(b, "m", k, n, config.lhs_trans, config.rhs_trans, shared)
     operands = [
         lhs_f,
         rhs_f,
         n if _bias_present(bias, n_ndim) else ["e0"] * len(bias),
-        out if p["epilogue"] == GemmEpilogue.DGELU else ["e1"] * len(aux),
+        out if config.reads_aux else ["e1"] * len(aux),
         ["s0"] * len(ls),
         ["s1"] * len(rs),
     ]
-    results = [out]
-    if p["epilogue"] == GemmEpilogue.GELU_AUX:
-        results.append(out)
-    if p["grad_bias"]:
-        results.append(n)
-    if p["output_amax"]:
-        results.append(["a0"])
+    results = config.results(out, n)
     rule = (
         ", ".join(" ".join(f) for f in operands) + " -> " + ", ".join(" ".join(f) for f in results)
     )
@@ -86,10 +67,9 @@ def _entry_axes(entry) -> tuple[str, ...]:
     return base.mesh_axes([entry])
 
 
-def _partition(p: dict, local, mesh, arg_shapes, result_shape):
-    lhs_trans, rhs_trans, epilogue = p["lhs_trans"], p["rhs_trans"], p["epilogue"]
-    grad_bias, k_ndim, n_ndim = p["grad_bias"], p["k_ndim"], p["n_ndim"]
-    out_dtype, output_amax = p["out_dtype"], p["output_amax"]
+def _partition(config: GemmConfig, local, mesh, arg_shapes, result_shape):
+    lhs_trans, rhs_trans = config.lhs_trans, config.rhs_trans
+    k_ndim, n_ndim = config.k_ndim, config.n_ndim
     lhs_t, rhs_t = arg_shapes[0], arg_shapes[1]
     # The operands' PartitionSpec entries, grouped as their shapes are (gemm_groups).
     entries = groups(
@@ -104,8 +84,7 @@ def _partition(p: dict, local, mesh, arg_shapes, result_shape):
     nb = len(b)
     used = set(base.mesh_axes(b + [m]))
     n = _free_each(n, used)
-    linear = epilogue == GemmEpilogue.DEFAULT and not grad_bias
-    k = _free_each(k, used) if linear else [None] * k_ndim
+    k = _free_each(k, used) if config.is_linear else [None] * k_ndim
     k_axes = base.mesh_axes(k)
     g = groups(lhs_t.shape, rhs_t.shape, lhs_trans, rhs_trans, k_ndim, n_ndim)
     _check_divisible(
@@ -141,39 +120,28 @@ def _partition(p: dict, local, mesh, arg_shapes, result_shape):
         lhs_spec,
         rhs_spec,
         n if bias_present else [None] * arg_shapes[2].ndim,
-        out_spec if epilogue == GemmEpilogue.DGELU else [None] * arg_shapes[3].ndim,
+        out_spec if config.reads_aux else [None] * arg_shapes[3].ndim,
         [None] * arg_shapes[4].ndim,
         [None] * arg_shapes[5].ndim,
     ]
     arg_shardings = tuple(base.named(mesh, s) for s in arg_specs)
 
-    out_shardings = [base.named(mesh, out_spec)]
-    if epilogue == GemmEpilogue.GELU_AUX:
-        out_shardings.append(base.named(mesh, out_spec))
-    if grad_bias:
-        out_shardings.append(base.named(mesh, n))
-    if output_amax:
-        out_shardings.append(base.named(mesh, [None]))
+    out_shardings = [base.named(mesh, s) for s in config.results(out_spec, n)]
     row_axes = base.mesh_axes(b + [m])
-    out_axes = base.mesh_axes(out_spec)
-    params = dict(p, output_amax=False)
 
     def lower(lhs, rhs, bias, aux, lhs_si, rhs_si):
         if k_axes and bias_present:
             bias = jnp.where(_first_shard(k_axes), bias, jnp.zeros_like(bias))
-        outs = list(local(lhs, rhs, bias, aux, lhs_si, rhs_si, **params))
+        outs = list(local(lhs, rhs, bias, aux, lhs_si, rhs_si, config))
         if scatter is not None:
             outs[0] = lax.psum_scatter(
                 outs[0], scatter[1], scatter_dimension=scatter[0], tiled=True
             )
         if psum_axes:
             outs[0] = lax.psum(outs[0], psum_axes)
-        if grad_bias and row_axes:
-            i = 2 if epilogue == GemmEpilogue.GELU_AUX else 1
-            outs[i] = lax.psum(outs[i].astype(jnp.float32), row_axes).astype(out_dtype)
-        if output_amax:
-            a = base.amax(outs[0])
-            outs.append(lax.pmax(a, out_axes) if out_axes else a)
+        if config.grad_bias and row_axes:
+            dbias = lax.psum(outs[-1].astype(jnp.float32), row_axes)
+            outs[-1] = dbias.astype(config.out_dtype)
         return outs
 
     return mesh, lower, out_shardings, arg_shardings
@@ -213,20 +181,17 @@ def _first_shard(axes: tuple[str, ...]):
 
 
 def make_partitioned_gemm(local):
-    """``local(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, **params)`` under
-    ``custom_partitioning`` with the rule and partition above."""
+    """``local(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config)`` under
+    ``custom_partitioning`` with the rule and partition above; the ``GemmConfig`` is its one
+    static argument."""
 
-    def impl(lhs, rhs, bias, aux, ls, rs, *statics):
-        return local(lhs, rhs, bias, aux, ls, rs, **dict(zip(_STATICS, statics, strict=True)))
+    def impl(lhs, rhs, bias, aux, ls, rs, config):
+        return local(lhs, rhs, bias, aux, ls, rs, config)
 
-    def partition(*args):
-        *statics, mesh, arg_shapes, result_shape = args
-        return _partition(
-            dict(zip(_STATICS, statics, strict=True)), local, mesh, arg_shapes, result_shape
-        )
+    def partition(config, mesh, arg_shapes, result_shape):
+        return _partition(config, local, mesh, arg_shapes, result_shape)
 
-    def sharding_rule(*args):
-        *statics, _mesh, operand_types, _result_types = args
-        return _sharding_rule(dict(zip(_STATICS, statics, strict=True)), operand_types)
+    def sharding_rule(config, _mesh, operand_types, _result_types):
+        return _sharding_rule(config, operand_types)
 
-    return base.make_partitioned(impl, 6, _STATICS, partition, sharding_rule)
+    return base.make_partitioned(impl, 6, ("config",), partition, sharding_rule)

@@ -11,13 +11,14 @@ them fuses across the GEMM boundary:
   docs/numerics.md §4). Backward: the second GEMM's dgrad writes
   ``dy₂ · kernel_2ᵀ``; ``quantize_dact_dbias`` turns it into the first GEMM's quantized
   gradient and ``dbias_1`` in one pass, as in ``dense``.
-* **Unquantized GELU on te_jax's CUDA GEMM**, where ``_DGELU_EPILOGUE`` is set (off by
-  default: on the H100 the DGELU + BGRAD epilogue made the dgrad GEMM slower than the separate
-  pass it saves, docs/performance.md): the backward's dgrad GEMM of ``kernel_2`` applies
-  ``gelu'(h)`` and reduces ``dbias_1`` in its epilogue (cuBLASLt's DGELU + BGRAD; with
-  ``_DGELU_BGRAD`` off, DGELU alone and ``dbias_1`` a float32 sum of ``dh``), so
-  ``dy₂ · kernel_2ᵀ`` never reaches memory. Its float32 product is multiplied by ``gelu'(h)``
-  before the one rounding, where §8's order rounds it first (within §7's tolerance of it).
+* **Unquantized GELU**, with ``gelu_backward="dgelu"`` or
+  ``"dgelu_bgrad"`` (the default ``"dact"`` is a separate dact pass, measured faster:
+  docs/performance.md): the backward's dgrad GEMM of ``kernel_2`` applies ``gelu'(h)`` in its
+  epilogue (cuBLASLt's DGELU), and with ``"dgelu_bgrad"`` reduces ``dbias_1`` there too (BGRAD;
+  with ``"dgelu"`` ``dbias_1`` is a float32 sum of ``dh``), so ``dy₂ · kernel_2ᵀ`` never reaches
+  memory. Its float32 product is multiplied by ``gelu'(h)`` before the one rounding, where §8's
+  order rounds it first (within §7's tolerance of it). Off a GPU the GEMM primitive's pure-JAX
+  lowering computes the same epilogue (``implementation="xla"``: the dact pass).
 
 Elsewhere (other activations unquantized, the CPU, ``implementation="xla"``) it computes
 exactly what ``dense(dense(x, kernel_1, bias_1, act), kernel_2, bias_2)`` does.
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from collections.abc import Sequence
 
 import jax
@@ -42,34 +42,31 @@ from jax.custom_derivatives import SymbolicZero
 from te_jax import _varying, fp8_autodiff
 from te_jax.activation import act_lu
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
+from te_jax.dispatch import Path, decide
+from te_jax.linear import core
+from te_jax.linear.dense import dense
+from te_jax.linear.matmul import matmul
 from te_jax.primitives.custom_linear import LinearRule, custom_linear
-from te_jax.primitives.gemm import GemmEpilogue, bind_gemm
+from te_jax.primitives.gemm import GemmEpilogue
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.recipe import QuantizerSet
 
-__all__ = ["fused_mlp"]
-
-# The module (te_jax.dense, the attribute, is the function): dense's config, forward and
-# backward pieces, shared rather than repeated.
-_dense = importlib.import_module("te_jax.dense")
+__all__ = ["fused_mlp", "GELU_BACKWARDS"]
 
 _WHERE = "te_jax.fused_mlp"
-# bf16 GELU on te_jax's GEMM: True puts the backward's gelu'(h) in the DGELU epilogue of
-# kernel_2's dgrad GEMM, and dbias_1 in it too (DGELU_BGRAD) unless _DGELU_BGRAD is False (then
-# a float32 sum of dh); False (measured faster than DGELU_BGRAD) a separate dact pass.
-# benchmarks/mlp.py's A/B rows te_linen:bf16_dgelu and te_linen:bf16_dgelu_bgrad set them.
-_DGELU_EPILOGUE = False
-_DGELU_BGRAD = True
 _LAST = ((-1,), (0,))
+# Where an unquantized GELU MLP on te_jax's CUDA GEMM computes gelu'(h) and dbias_1 (module
+# docstring): a dact pass; the DGELU epilogue of kernel_2's dgrad GEMM; DGELU + BGRAD.
+GELU_BACKWARDS = ("dact", "dgelu", "dgelu_bgrad")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Config:
+class MLPConfig:
     """Everything static about one call: each GEMM's dense config, and whether the backward
     fuses gelu' (and dbias_1) into kernel_2's dgrad GEMM."""
 
-    first: _dense._Config
-    second: _dense._Config
+    first: core.DenseConfig
+    second: core.DenseConfig
     dgelu_epilogue: bool
     dgelu_bgrad: bool
 
@@ -85,6 +82,7 @@ def fused_mlp(
     act_params: ActivationParams | None = None,
     implementation: str | None = None,
     kernel_axes: tuple[Sequence[str | None] | None, Sequence[str | None] | None] = (None, None),
+    gelu_backward: str = "dact",
 ) -> jax.Array:
     """The MLP block's GEMMs: ``out = act(x · kernel_1 + bias_1) · kernel_2 + bias_2``.
 
@@ -103,15 +101,23 @@ def fused_mlp(
       act_params: ``ActivationParams`` for clamped SwiGLU.
       implementation: ``None``, ``"ffi"`` or ``"xla"``, as for ``dense``.
       kernel_axes: each kernel's logical axis names (or ``None``), as ``dense``'s.
+      gelu_backward: ``"dact"`` (default), ``"dgelu"`` or ``"dgelu_bgrad"``: where an unquantized
+        GELU MLP computes ``gelu'(h)`` and ``dbias_1`` (module docstring); no effect under a
+        recipe, for other activations or with ``implementation="xla"``.
 
     Returns:
       ``out (..., *F)`` in x's dtype.
     """
     if activation_type is None:
         raise ValueError(f"{_WHERE}: activation_type is required (the MLP's activation)")
+    if gelu_backward not in GELU_BACKWARDS:
+        raise ValueError(
+            f"{_WHERE}: gelu_backward must be one of {', '.join(map(repr, GELU_BACKWARDS))}, got "
+            f"{gelu_backward!r}"
+        )
     qs = _quantizer_sets(quantizer_sets)
     axes_1, axes_2 = kernel_axes
-    c1, k1, b1, q1 = _dense._prepare(
+    c1, k1, b1, q1 = core.prepare(
         x,
         kernel_1,
         bias_1,
@@ -129,13 +135,13 @@ def fused_mlp(
             f"shape {tuple(jnp.shape(kernel_1))}"
         )
     hidden = jax.ShapeDtypeStruct(tuple(jnp.shape(x))[:-1] + c1.out_features, c1.dtype)
-    c2, k2, b2, q2 = _dense._prepare(
+    c2, k2, b2, q2 = core.prepare(
         hidden, kernel_2, bias_2, None, qs[1], None, _LAST, implementation, _WHERE, axes_2
     )
     if c1.dtype == np.float64 or (q1 is None) != (q2 is None):
         # float64 (pure JAX), or one GEMM quantized and not the other: nothing crosses the
         # boundary fused, so the two dense calls are the op.
-        h = _dense.dense(
+        h = dense(
             x,
             kernel_1,
             bias_1,
@@ -145,18 +151,19 @@ def fused_mlp(
             implementation=implementation,
             kernel_axes=axes_1,
         )
-        return _dense.dense(
+        return dense(
             h, kernel_2, bias_2, None, q2, implementation=implementation, kernel_axes=axes_2
         )
+    # The DGELU epilogue where the GEMM primitive runs: te_jax's kernel, or off a GPU its
+    # pure-JAX lowering, which computes the same epilogue.
     dgelu = (
-        _DGELU_EPILOGUE
+        gelu_backward != "dact"
         and q1 is None
-        and c1.kernel_gemm
-        and c2.kernel_gemm
         and c1.act is ActivationType.GELU
+        and decide(_WHERE.removeprefix("te_jax."), implementation, c1.dtype) is not Path.XLA
     )
     x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
-    cfg = _Config(c1, c2, dgelu, _DGELU_BGRAD)
+    cfg = MLPConfig(c1, c2, dgelu, gelu_backward == "dgelu_bgrad")
     if q1 is None:
         return _mlp_unquantized(x, k1, b1, k2, b2, cfg)
     return fp8_autodiff.reverse_mode_only(_WHERE, _mlp, x, k1, b1, k2, b2, q1, q2, cfg)
@@ -177,12 +184,12 @@ def _quantizer_sets(sets):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
-def _mlp_unquantized(x, k1, b1, k2, b2, cfg: _Config):
+def _mlp_unquantized(x, k1, b1, k2, b2, cfg: MLPConfig):
     return _forward(x, k1, b1, k2, b2, None, None, cfg, residuals=False)[0]
 
 
 @functools.partial(_mlp_unquantized.defjvp, symbolic_zeros=True)
-def _mlp_unquantized_jvp(cfg: _Config, primals, tangents):
+def _mlp_unquantized_jvp(cfg: MLPConfig, primals, tangents):
     """``out`` from the forward that keeps the backward's residuals, and its tangent, the two
     dense tangents in a row (``te_jax.dense.tangent``), as a ``custom_linear`` whose transpose
     is ``_mlp_bwd``: forward mode evaluates the tangent, reverse mode runs the backward."""
@@ -204,8 +211,8 @@ def _tangent_apply(static, leaves, tangents):
     res1, res2 = jax.tree.unflatten(tree, leaves)
     it = iter(tangents)
     x_dot, k1_dot, b1_dot, k2_dot, b2_dot = (next(it) if p else None for p in present)
-    y1_dot = _dense.tangent(cfg.first, res1, x_dot, k1_dot, b1_dot)
-    out_dot = _dense.tangent(cfg.second, res2, y1_dot, k2_dot, b2_dot)
+    y1_dot = core.tangent(cfg.first, res1, x_dot, k1_dot, b1_dot)
+    out_dot = core.tangent(cfg.second, res2, y1_dot, k2_dot, b2_dot)
     return (out_dot.reshape(out_shape),)
 
 
@@ -221,7 +228,7 @@ def _tangent_transpose(static, leaves, cotangents):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _mlp(x, k1, b1, k2, b2, q1, q2, cfg: _Config):
+def _mlp(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig):
     return _forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=False)[0]
 
 
@@ -236,16 +243,16 @@ def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
     return _forward(*operands, q1, q2, cfg, residuals=True)
 
 
-def _forward(x, k1, b1, k2, b2, q1, q2, cfg: _Config, residuals: bool):
+def _forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool):
     c1, c2 = cfg.first, cfg.second
     if q1 is None:
-        y, res1 = _dense._forward(x, k1, b1, None, c1, residuals)
-        out, res2 = _dense._forward(y, k2, b2, None, c2, residuals)
+        y, res1 = core.forward(x, k1, b1, None, c1, residuals)
+        out, res2 = core.forward(y, k2, b2, None, c2, residuals)
         return out, (res1, res2)
     # FP8: the first GEMM writes h, act_lu quantizes act(h) for the second in the same pass.
-    h, res1 = _dense._forward(x, k1, b1, q1, dataclasses.replace(c1, act=None), residuals)
+    h, res1 = core.forward(x, k1, b1, q1, dataclasses.replace(c1, act=None), residuals)
     lead = tuple(jnp.shape(x))[:-1]
-    ops = _dense._shapes(lead, c1)
+    ops = core.views(lead, c1)
     # In the row axes dense quantizes x with (folded into one under MXFP8: its colwise blocks).
     h = h.reshape(ops.rows + c1.features)
     layout = QuantizeLayout.ROWWISE_COLWISE if residuals else QuantizeLayout.ROWWISE
@@ -256,48 +263,48 @@ def _forward(x, k1, b1, k2, b2, q1, q2, cfg: _Config, residuals: bool):
         act_params=c1.params,
         implementation=c1.implementation,
     )
-    out, res2 = _dense._forward(y, k2, b2, q2, c2, residuals)
+    out, res2 = core.forward(y, k2, b2, q2, c2, residuals)
     out = out.reshape(lead + c2.out_features)
     if not residuals:
         return out, None
     res1 = res1._replace(act_in=h)
     # The second GEMM's x quantizer advances by the activation's amax (dense keeps the state
     # of an x quantized elsewhere as it is); its cotangent is computed here, not by dense.
-    new2 = dataclasses.replace(res2.new_qs, x=_dense._updated(q2.x, y))
+    new2 = dataclasses.replace(res2.new_qs, x=core.next_state(q2.x, y))
     return out, (res1, res2._replace(quantized_x=None, new_qs=new2))
 
 
-def _mlp_bwd(cfg: _Config, res, dy):
+def _mlp_bwd(cfg: MLPConfig, res, dy):
     dy = fp8_autodiff.instantiate(dy)
     c1, c2 = cfg.first, cfg.second
     res1, res2 = res
     lead = tuple(dy.shape)[: dy.ndim - len(c2.out_features)]
-    ops1, ops2 = _dense._shapes(lead, c1), _dense._shapes(lead, c2)
+    ops1, ops2 = core.views(lead, c1), core.views(lead, c2)
     dy2 = dy.reshape(ops2.rows + c2.out_features)
     if cfg.dgelu_epilogue:
         # kernel_2's dgrad GEMM applies gelu'(h) (and sums dbias_1) in its epilogue.
-        _, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=None)
-        dk2 = _dense._wgrad(c2, res2, ops2, dy2)
+        _, db2 = core.dact(dy2, None, c2, ops2, quantizer=None)
+        dk2 = core.wgrad(c2, res2, ops2, dy2)
         bgrad = c1.has_bias and cfg.dgelu_bgrad
-        r = bind_gemm(
+        r = matmul(
             dy2,
             res2.kernel,
+            k_ndim=len(c2.features),
+            rhs_contracts_trailing=True,
             aux=res1.act_in,
-            rhs_trans=True,
             epilogue=GemmEpilogue.DGELU,
             grad_bias=bgrad,
-            implementation=_dense._gemm_impl(c1),
-            k_ndim=len(c2.features),
+            implementation=c1.implementation,
         )
-        db2, n2 = _dense._bias_ct(db2, c2), None
+        db2, n2 = core.bias_cotangent(db2, c2), None
         dh1, db1 = r.out, r.dbias
         if c1.has_bias and not bgrad:  # dbias_1 = sum of dh over the rows, in float32
-            _, db1 = _dense._dact(dh1, None, dataclasses.replace(c1, act=None), ops1, None)
+            _, db1 = core.dact(dh1, None, dataclasses.replace(c1, act=None), ops1, None)
     else:
-        dh2, db2 = _dense._dact(dy2, None, c2, ops2, quantizer=_dense._grad_quantizer(res2))
-        da, dk2, db2, n2 = _dense._gemm_grads(c2, res2, ops2, dh2, db2)
-        dh1, db1 = _dense._dact(da, res1.act_in, c1, ops1, quantizer=_dense._grad_quantizer(res1))
-    dx, dk1, db1, n1 = _dense._gemm_grads(c1, res1, ops1, dh1, db1)
+        dh2, db2 = core.dact(dy2, None, c2, ops2, quantizer=core.grad_quantizer(res2))
+        da, dk2, db2, n2 = core.gemm_grads(c2, res2, ops2, dh2, db2)
+        dh1, db1 = core.dact(da, res1.act_in, c1, ops1, quantizer=core.grad_quantizer(res1))
+    dx, dk1, db1, n1 = core.gemm_grads(c1, res1, ops1, dh1, db1)
     return dx.reshape(lead + c1.contract), dk1, db1, dk2, db2, n1, n2
 
 

@@ -1,0 +1,141 @@
+"""``matmul``: one GEMM of two operands, arrays or quantized ``ScaledTensor``s, in the layout the
+caller names; the layer every te_jax op with a GEMM calls (``te_jax.gemm``, ``dense``,
+``fused_mlp``), between them and the primitive (``te_jax.primitives.gemm``).
+
+Operands are given in their **logical** layout::
+
+    lhs  (*free_l, *K)   or, contracting its leading axes,  (*K, *free_l)
+    rhs  (*K, *N)        or, contracting its trailing axes, (*N, *K)
+    out  (*free_l, *N)   (lhs contracting its leading axes: free_l is one axis)
+
+It owns what a quantized operand means for the GEMM, which its scaling mode states
+(``ScalingModeImpl.gemm_operands``):
+
+* ``"codes"`` (tensor scaling): the FP8 GEMM's "TN" form, lhs ``(M, K)`` and rhs ``(N, K)``. An
+  operand contracting its trailing axes gives its rowwise copy, one contracting its leading
+  axes its colwise copy (stored transposed: free axes first), so no transpose pass sits in front
+  of any FP8 GEMM; the per-tensor ``scale_inv``s multiply the float32 accumulator. Shapes
+  cuBLASLt's FP8 GEMM cannot take run the primitive's one float32 fallback.
+* ``"dequantized"`` (MXFP8 without an MXFP8 GEMM): the same copies, dequantized exactly in the
+  output dtype (an MXFP8 value is an E4M3 / E5M2 number times a power of two), multiplied there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from te_jax.primitives.gemm import GemmEpilogue, GemmResult, bind_gemm
+from te_jax.quantize.scaled_tensor import ScaledTensor
+
+__all__ = ["matmul", "operand_copy"]
+
+
+def operand_copy(contracts_leading: bool) -> str:
+    """The copy of a quantized operand the GEMM reads: ``"colwise"`` where it contracts its
+    leading axes (the colwise copy stores them last), ``"rowwise"`` where its trailing."""
+    return "colwise" if contracts_leading else "rowwise"
+
+
+def matmul(
+    lhs,
+    rhs,
+    *,
+    k_ndim: int = 1,
+    lhs_shape: Sequence[int] | None = None,
+    rhs_shape: Sequence[int] | None = None,
+    lhs_contracts_leading: bool = False,
+    rhs_contracts_trailing: bool = False,
+    bias: jax.Array | None = None,
+    aux: jax.Array | None = None,
+    epilogue: GemmEpilogue = GemmEpilogue.DEFAULT,
+    grad_bias: bool = False,
+    out_dtype=None,
+    implementation: str | None = None,
+) -> GemmResult:
+    """``epilogue(lhs · rhs + bias)`` over ``k_ndim`` contracted axes (module docstring).
+
+    Args:
+      lhs, rhs: arrays of one dtype, or two ``ScaledTensor``s of one scaling mode holding the
+        copies this product reads (``operand_copy``).
+      k_ndim: how many axes are contracted.
+      lhs_shape, rhs_shape: the logical shapes to view the operands as (reshapes of their own
+        shapes; default: their shapes).
+      lhs_contracts_leading, rhs_contracts_trailing: the layout (module docstring).
+      bias, aux, epilogue, grad_bias: as ``te_jax.primitives.gemm.bind_gemm``'s.
+      out_dtype: the output dtype; default: the array operands' dtype, the quantized operands'
+        ``dq_dtype``.
+      implementation: ``None``, ``"ffi"`` or ``"xla"``.
+
+    Returns:
+      ``GemmResult``: out ``(*free_l, *N)``, and aux / dbias where asked for.
+    """
+    quantized = isinstance(lhs, ScaledTensor)
+    if quantized != isinstance(rhs, ScaledTensor):
+        raise TypeError(
+            "te_jax.gemm: lhs and rhs must both be arrays or both be ScaledTensors (quantize the "
+            f"other one, or pass a quantizer_set), got {type(lhs).__name__} and "
+            f"{type(rhs).__name__}"
+        )
+    lhs_shape = tuple(lhs.shape if lhs_shape is None else lhs_shape)
+    rhs_shape = tuple(rhs.shape if rhs_shape is None else rhs_shape)
+    n_ndim = len(rhs_shape) - k_ndim
+    opts = dict(
+        bias=bias,
+        aux=aux,
+        epilogue=epilogue,
+        grad_bias=grad_bias,
+        implementation=implementation,
+        k_ndim=k_ndim,
+        n_ndim=n_ndim,
+    )
+    copies = operand_copy(lhs_contracts_leading), operand_copy(not rhs_contracts_trailing)
+    if quantized and lhs.scaling_mode.impl.gemm_operands == "codes":
+        # The TN form: each copy holds its free axes first, then the contracted ones.
+        lhs_tn = _free_first(lhs_shape, k_ndim, lhs_contracts_leading)
+        rhs_tn = _free_first(rhs_shape, k_ndim, not rhs_contracts_trailing)
+        (l_data, l_sinv), (r_data, r_sinv) = (
+            _codes(t, copy, shape)
+            for t, copy, shape in zip((lhs, rhs), copies, (lhs_tn, rhs_tn), strict=True)
+        )
+        out_dtype = lhs.dq_dtype if out_dtype is None else out_dtype
+        return bind_gemm(
+            l_data,
+            r_data,
+            lhs_scale_inv=l_sinv,
+            rhs_scale_inv=r_sinv,
+            rhs_trans=True,
+            out_dtype=out_dtype,
+            **opts,
+        )
+    if quantized:  # "dequantized": each copy exactly in the output dtype, in its logical layout
+        out_dtype = lhs.dq_dtype if out_dtype is None else out_dtype
+        lhs = lhs.dequantize(copies[0], out_dtype)
+        rhs = rhs.dequantize(copies[1], out_dtype)
+    return bind_gemm(
+        jnp.reshape(lhs, lhs_shape),
+        jnp.reshape(rhs, rhs_shape),
+        lhs_trans=lhs_contracts_leading,
+        rhs_trans=rhs_contracts_trailing,
+        out_dtype=out_dtype,
+        **opts,
+    )
+
+
+def _free_first(shape: tuple, k_ndim: int, contracts_leading: bool) -> tuple:
+    """A logical shape with its free axes first, then its ``k_ndim`` contracted ones."""
+    return shape[k_ndim:] + shape[:k_ndim] if contracts_leading else shape
+
+
+def _codes(st: ScaledTensor, copy: str, shape: tuple):
+    """A tensor-scaled operand's ``copy`` in ``shape`` and its ``scale_inv`` ``(1,)``."""
+    data = st.data if copy == "rowwise" else st.colwise_data
+    sinv = st.scale_inv if copy == "rowwise" else st.colwise_scale_inv
+    if data is None:
+        raise ValueError(
+            f"te_jax.gemm: this product reads the operand's {copy} copy, which the ScaledTensor "
+            f"({st.q_layout.name}) does not have: quantize it with a q_layout that has it"
+        )
+    return data.reshape(shape), jnp.asarray(sinv, jnp.float32).reshape(1)
