@@ -13,6 +13,7 @@ from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
 from te_jax.linear.dense import dense
+from te_jax.linear.gemm import gemm
 from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.dispatch import kernels_enabled
 from te_jax.recipe import QuantizerSet
@@ -24,6 +25,7 @@ __all__ = [
     "dact_lu",
     "quantize_dact_dbias",
     "activation",
+    "gemm",
     "dense",
     "fused_mlp",
     "recipe",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -80,7 +79,6 @@ class DenseConfig:
     @property
     def out_features(self) -> tuple[int, ...]:
         return self.act.output_shape(self.features) if self.act else self.features
-
 
 
 def prepare(

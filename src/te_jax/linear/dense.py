@@ -47,8 +47,9 @@ see ``te_jax.recipe``). Differentiating the operands but not the set drops it: a
 **A quantized x** (a ``ScaledTensor``, e.g. from ``te_jax.activation(h, act, quantizer=qs.x)``)
 is used as it is: no second quantize pass. This call measures nothing for ``quantizer_set.x``, so
 its cotangent is zero: the quantizer that made x (normally ``qs.x`` itself, given to
-``te_jax.activation``) gets its next state from the activation's backward alone. It must have the recipe's scaling mode, a rowwise copy,
-and (where ``dense`` is differentiated) the colwise copy wgrad reads. Its cotangent is the
+``te_jax.activation``) gets its next state from the activation's backward alone. It must have
+the recipe's scaling mode, a rowwise copy, and (where ``dense`` is differentiated) the colwise
+copy wgrad reads. Its cotangent is the
 gradient of its dequantized value (``te_jax.quantize.scaled_tensor``).
 """
 
@@ -68,7 +69,7 @@ from te_jax.linear import core
 from te_jax.primitives.custom_linear import LinearRule, custom_linear
 from te_jax.recipe import QuantizerSet
 
-__all__ = ["dense"]
+__all__ = ["dense", "apply"]
 
 
 # ---- the op ---------------------------------------------------------------------------------
@@ -114,6 +115,34 @@ def dense(
     Returns:
       ``y``: ``(..., *F)`` (gated: ``(..., N)``) in x's dtype.
     """
+    return apply(
+        "te_jax.dense",
+        x,
+        kernel,
+        bias,
+        activation_type,
+        quantizer_set,
+        act_params,
+        contracting_dims,
+        implementation,
+        kernel_axes,
+    )
+
+
+def apply(
+    where: str,
+    x,
+    kernel,
+    bias,
+    activation_type,
+    quantizer_set,
+    act_params,
+    contracting_dims,
+    implementation,
+    kernel_axes=None,
+):
+    """``dense``'s computation for the public op ``where`` (``"te_jax.dense"``,
+    ``"te_jax.gemm"``), which names it in its errors: checks, then the differentiable op."""
     cfg, kernel, bias, quantizer_set = core.prepare(
         x,
         kernel,
@@ -123,6 +152,7 @@ def dense(
         act_params,
         contracting_dims,
         implementation,
+        where,
         kernel_axes=kernel_axes,
     )
     if cfg.dtype == np.float64:
@@ -131,9 +161,7 @@ def dense(
     x, kernel, bias = _varying.match(x, kernel, bias)
     if quantizer_set is None:
         return _dense_unquantized(x, kernel, bias, cfg)
-    return fp8_autodiff.reverse_mode_only(
-        "te_jax.dense", _dense, x, kernel, bias, quantizer_set, cfg
-    )
+    return fp8_autodiff.reverse_mode_only(where, _dense, x, kernel, bias, quantizer_set, cfg)
 
 
 # ---- unquantized: a custom_jvp whose tangent transposes to the fused backward ---------------
@@ -211,5 +239,3 @@ def _dense_bwd(cfg, res, dy):
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd, symbolic_zeros=True)
-
-

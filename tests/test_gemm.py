@@ -1,0 +1,126 @@
+"""``te_jax.gemm`` (src/te_jax/linear/gemm.py): the GEMM op with its fused bias and epilogue.
+
+It runs ``te_jax.linear.core`` as ``dense`` does, so it must be ``dense`` bit for bit (values
+and gradients, unquantized and FP8, delayed scaling's next state included) for the activations
+its epilogue takes; the GEMM against float64; a quantized lhs used as it is; FP8 shapes
+cuBLASLt's FP8 GEMM cannot take through the primitive's fallback; clear errors.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import te_jax
+from te_jax.quantize import QuantizeLayout
+from te_jax.recipe import CurrentScaling, DelayedScaling, QuantizerSet
+
+RECIPES = {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling()}
+
+
+def _operands(rng, m=32, k=64, n=48, dtype=jnp.bfloat16):
+    x = jnp.asarray(rng.uniform(-2, 2, (m, k)), dtype)
+    w = jnp.asarray(rng.uniform(-1, 1, (k, n)) / np.sqrt(k), jnp.float32)
+    b = jnp.asarray(rng.uniform(-0.5, 0.5, (n,)), jnp.float32)
+    return x, w, b
+
+
+def _loss(op):
+    """A sum of squares: its gradient depends on the output's every rounding."""
+
+    def loss(x, w, b, qs):
+        return jnp.sum(op(x, w, b, qs).astype(jnp.float32) ** 2)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize("epilogue", [None, "gelu", "relu"], ids=str)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+def test_gemm_is_dense_bit_for_bit(epilogue, recipe, bias, rng):
+    """gemm(x, w, b, epilogue=e) == dense(x, w, b, activation_type=e): values, gradients and
+    the next FP8 state, after a prior step (so delayed scaling's history is not empty)."""
+    x, w, b = _operands(rng)
+    b = b if bias else None
+    qs = QuantizerSet.create(RECIPES[recipe]) if RECIPES[recipe] else None
+    gemm = _loss(lambda x, w, b, q: te_jax.gemm(x, w, b, epilogue=epilogue, quantizer_set=q))
+    dense = _loss(lambda x, w, b, q: te_jax.dense(x, w, b, epilogue, q))
+    if qs is not None:
+        qs = gemm(x, w, b, qs)[1][3]  # one step: a state with history
+    got, want = gemm(x, w, b, qs), dense(x, w, b, qs)
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(e))
+
+
+def test_against_float64(rng):
+    """The plain float32 GEMM against the float64 product: within K float32 roundings."""
+    x, w, b = _operands(rng, dtype=jnp.float32)
+    got = np.asarray(te_jax.gemm(x, w, b), np.float64)
+    xd, wd, bd = (np.asarray(a, np.float64) for a in (x, w, b))
+    want = xd @ wd + bd
+    bound = x.shape[1] * 2.0**-23 * (np.abs(xd) @ np.abs(wd) + np.abs(bd))
+    assert np.all(np.abs(got - want) <= bound)
+
+
+def test_several_axes(rng):
+    """lhs ``(B, S, K)`` and rhs ``(K, 2, N)``: out ``(B, S, 2, N)``, the same as the GEMM of the
+    folded views."""
+    x = jnp.asarray(rng.uniform(-1, 1, (2, 8, 32)), jnp.float32)
+    w = jnp.asarray(rng.uniform(-1, 1, (32, 2, 16)), jnp.float32)
+    got = te_jax.gemm(x, w, epilogue="relu")
+    want = te_jax.gemm(x.reshape(16, 32), w.reshape(32, 32), epilogue="relu")
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want).reshape(2, 8, 2, 16))
+
+
+def test_quantized_lhs_is_used_as_it_is(rng):
+    """A ScaledTensor lhs (quantized by the set's x quantizer) gives what the array does under
+    the same set: the same codes, no second quantize pass; its cotangent is the gradient of
+    its dequantized value."""
+    x, w, b = _operands(rng)
+    qs = QuantizerSet.create(DelayedScaling())
+    qx = te_jax.quantize(x, qs.with_layout("x", QuantizeLayout.ROWWISE_COLWISE))
+    got = te_jax.gemm(qx, w, b, epilogue="gelu", quantizer_set=qs)
+    want = te_jax.gemm(x, w, b, epilogue="gelu", quantizer_set=qs)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    dx = jax.grad(
+        lambda q: jnp.sum(te_jax.gemm(q, w, b, quantizer_set=qs).astype(jnp.float32) ** 2)
+    )(qx)
+    assert dx.data.shape == qx.data.shape
+
+
+@pytest.mark.parametrize("k, n", [(24, 48), (64, 8)], ids=["k24", "n8"])
+def test_fp8_shapes_the_fp8_gemm_cannot_take(k, n, rng):
+    """K or N not a multiple of 16 under current scaling: the primitive's float32 fallback, the
+    product of the dequantized operands rounded once (to a bf16 rounding of it)."""
+    x, w, _ = _operands(rng, k=k, n=n)
+    qs = QuantizerSet.create(CurrentScaling())
+    got = np.asarray(te_jax.gemm(x, w, quantizer_set=qs), np.float64)
+    qx = te_jax.quantize(x, qs.x)
+    qw = te_jax.quantize(w, qs.with_layout("kernel", QuantizeLayout.ROWWISE))  # from float32
+    want = np.asarray(qx.dequantize(dtype=jnp.float32), np.float64) @ np.asarray(
+        qw.dequantize(dtype=jnp.float32), np.float64
+    )
+    np.testing.assert_allclose(got, want, rtol=2**-8, atol=2**-8 * np.abs(want).max())
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            dict(epilogue="silu"),
+            r"te_jax.gemm: epilogue must be None, 'gelu' or 'relu', got 'silu'",
+        ),
+        (
+            dict(contracting_dims=((0,), (0,))),
+            r"te_jax.gemm: contracting_dims must be x's trailing",
+        ),
+        (dict(implementation="cuda"), r"te_jax.gemm: implementation must be None, 'ffi' or 'xla'"),
+    ],
+    ids=["epilogue", "contracting", "implementation"],
+)
+def test_errors_name_the_op(kwargs, match, rng):
+    x, w, _ = _operands(rng)
+    with pytest.raises(ValueError, match=match):
+        te_jax.gemm(x, w, **kwargs)
