@@ -22,9 +22,11 @@ from jax.sharding import PartitionSpec as P
 
 import te_jax
 import te_jax.flax as tef
+import te_jax.testing
 from helpers import ACT_BY_ALIAS, dz_shape, make_dz, make_x, te_jax_custom_calls, tol
 from te_jax import nnx as tnnx
 from te_jax.quantize import CurrentScaleQuantizer, MXFP8Quantizer, QuantizeLayout
+from te_jax.sharding import BATCH, MLP
 
 pytestmark = pytest.mark.smoke
 
@@ -216,23 +218,23 @@ def test_nnx_layernorm_mlp(rng):
 
 
 def test_sharding_helpers():
-    """te_jax.sharding: MeshResource's logical axis rules, parse_mesh, logical_constraint under
-    a (one-device) mesh and the rules, and hlo_collectives on a compiled module's text."""
+    """te_jax.sharding: MeshResource's logical axis rules, logical_constraint under a
+    (one-device) mesh and the rules; te_jax.testing.hlo_collectives on a compiled module's
+    text."""
     resource = te_jax.sharding.MeshResource(dp_resource="data", tp_resource="tensor")
     rules = resource.logical_axis_rules()
-    assert dict(rules)["batch"] == "data" and dict(rules)["mlp"] == "tensor"
-    assert te_jax.sharding.parse_mesh("data=1,tensor=1") == {"data": 1, "tensor": 1}
+    assert dict(rules)[BATCH] == "data" and dict(rules)[MLP] == "tensor"
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
     resource.check_mesh(mesh)
     x = jnp.arange(8.0).reshape(2, 4)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         assert not te_jax.sharding.sequence_parallel()
-        f = jax.jit(lambda x: te_jax.sharding.logical_constraint(x * 2, ("batch", "mlp")))
+        f = jax.jit(lambda x: te_jax.sharding.logical_constraint(x * 2, (BATCH, MLP)))
         y = f(x)
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "tensor")), 2)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2)
     text = "  ROOT %r = f32[8]{0} all-reduce(%c), to_apply=%sum"
-    assert te_jax.sharding.hlo_collectives(text) == [("all-reduce", "f32[8]{0}", ("c",))]
+    assert te_jax.testing.hlo_collectives(text) == [("all-reduce", "f32[8]{0}", ("c",))]
 
 
 # ---- every public name has a smoke test ----------------------------------------------------
