@@ -15,8 +15,8 @@ Differentiation (``jax.grad``, ``vjp``, ``jvp``, ``jacfwd``, ``hessian``, any or
 path and gives the same values (docs/numerics.md §1's derivatives, §7's tolerances):
 
 * ``act_lu`` (and ``activation``): reverse mode runs the forward kernel and the fused
-  ``dact_lu`` kernel (the transpose of the primitive's tangent, ``te_jax.primitives.autodiff``);
-  forward mode evaluates ``f'(x)·ẋ`` in pure JAX. The pure-JAX path is
+  ``dact_lu`` kernel (the transpose of the primitive's tangent,
+  ``te_jax.primitives.activation.autodiff``); forward mode evaluates ``f'(x)·ẋ`` in pure JAX. The pure-JAX path is
   ``te_jax.reference.activation``, a ``custom_jvp`` with the same tangent.
 * ``dact_lu`` / ``quantize_dact_dbias`` (dx and dbias): linear in ``dz``; their derivative in
   ``x`` (``f''``) is computed in pure JAX on every path.

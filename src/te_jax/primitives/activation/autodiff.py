@@ -26,8 +26,9 @@ from jax.interpreters import ad, batching, mlir
 
 from te_jax import reference
 from te_jax._varying import bind, result_aval
-from te_jax.primitives import base, dact_dbias
-from te_jax.primitives.act_lu import act_lu_p
+from te_jax.primitives import base
+from te_jax.primitives.activation import dact_dbias
+from te_jax.primitives.activation.act_lu import act_lu_p
 
 __all__ = ["act_lu_tangent_p"]
 

@@ -93,7 +93,8 @@ def _act_lu_abstract(x, *, act, params, output_amax):
     return (y, ShapedArray((1,), jnp.float32)) if output_amax else (y,)
 
 
-def _reference(x, *, act, params, output_amax):
+def reference_results(x, *, act, params, output_amax):
+    """The outer primitive's results in pure JAX: ``[y]``, or ``[y, amax]``."""
     y = reference.act_lu(x, act, params)
     if not output_amax:
         return [y]
@@ -104,7 +105,7 @@ base.register_outer_rules(
     act_lu_p,
     local=lambda x, **p: _kernel(x, **p),
     partitioned=lambda x, **p: _partitioned(x, **p),
-    reference=_reference,
+    reference=reference_results,
 )
 
 
