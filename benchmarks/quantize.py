@@ -7,11 +7,11 @@ Usage::
 
 Rows (``H = --hidden``, ``M`` rows so that one ``(M, H)`` tensor of ``--dtype`` is ``--gib``):
 
-- ``act``:        ``te_jax.act_lu(x, act, quantizer=q)``; composite: ``reference.act_lu`` then
-                  the quantization below.
+- ``act``:        ``te_jax.act_lu(x, act, quantizer=q)``; composite:
+                  ``activation_reference.act_lu`` then the quantization below.
 - ``dact+dbias``: ``te_jax.quantize_dact_dbias(dz, x, act, is_dbias=True, quantizer=q)``;
-                  composite: ``reference.quantize_dact_dbias`` then the quantization.
-- ``quantize``:   ``te_jax.quantize(x, q)``; composite: the quantization alone.
+                  composite: ``activation_reference.quantize_dact_dbias`` then the quantization.
+- ``quantize``:   ``te_jax.quantize.quantize(x, q)``; composite: the quantization alone.
 
 The composites are what a JAX user writes: tensor scaling ``amax = max|y|`` (current:
 ``scale = Q / amax``), ``clip(y · scale, ±Q).astype(fp8)``, colwise ``y.T``; MXFP8
@@ -188,15 +188,15 @@ def _composite(y, case: Case):
 
 def _functions(te_jax, case: Case) -> tuple[dict[str, Callable], Callable]:
     """({"te_jax": f, "xla": g}, make_args) for one case; f and g take the same arguments."""
-    from te_jax import reference
+    from te_jax import activation_reference
 
     q = _quantizer(case)
     act = ACTS.get(case.act)
     if case.op == "act":
         te = lambda x, q: te_jax.act_lu(x, act, quantizer=q)
-        xla = lambda x, q: _composite(reference.act_lu(x, act), case)
+        xla = lambda x, q: _composite(activation_reference.act_lu(x, act), case)
     elif case.op == "quantize":
-        te = lambda x, q: te_jax.quantize(x, q)
+        te = lambda x, q: te_jax.quantize.quantize(x, q)
         xla = lambda x, q: _composite(x, case)
     else:
 
@@ -204,7 +204,7 @@ def _functions(te_jax, case: Case) -> tuple[dict[str, Callable], Callable]:
             return te_jax.quantize_dact_dbias(dz, x, act, is_dbias=True, quantizer=q)
 
         def xla(dz, x, q):
-            dx, dbias = reference.quantize_dact_dbias(dz, x, act, True)
+            dx, dbias = activation_reference.quantize_dact_dbias(dz, x, act, True)
             return _composite(dx.reshape(dx.shape[0], -1), case), dbias
 
     return {"te_jax": jax.jit(te), "xla": jax.jit(xla)}, q

@@ -213,7 +213,7 @@ def _quantized(op, q, impl):
         "quantize_dact_dbias": lambda x: te_jax.quantize_dact_dbias(x, x, "gelu", **kw)[
             0
         ].dequantize(),
-        "quantize": lambda x: te_jax.quantize(x, q, implementation=impl).dequantize(),
+        "quantize": lambda x: te_jax.quantize.quantize(x, q, implementation=impl).dequantize(),
     }[op]
 
 

@@ -115,6 +115,7 @@ def test_layernorm_mlp_against_float64(act, norm, drop, rng):
         want_out = np.asarray(block64(ops64))
         want_ln = np.asarray(_reference_norm(ops64, norm))
         grads64 = jax.tree.map(np.asarray, grads64)
+
     def rel(a, b):
         return np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
 

@@ -58,7 +58,7 @@ def test_activation_ops_match_the_reference(alias, rng):
         grad = jax.grad(lambda x: jnp.sum(te_jax.activation(x, alias) * dz))(x)
         return te_jax.act_lu(x, alias), te_jax.dact_lu(dz, x, alias), dx, dbias, grad
 
-    ref = te_jax.reference
+    ref = te_jax.activation_reference
     want_dx, want_dbias = ref.quantize_dact_dbias(dz, x, alias)
     want = (ref.act_lu(x, alias), ref.dact_lu(dz, x, alias), want_dx, want_dbias, want_dx)
     compiled = ops.lower(x, dz).compile()
@@ -78,7 +78,7 @@ def test_clamped_swiglu_params(rng):
     )
     x = jnp.asarray(make_x(rng, (8, 2, 16), jnp.float32, act, params))
     y = te_jax.act_lu(x, "clamped_swiglu", act_params=params)
-    want = te_jax.reference.act_lu(x, "clamped_swiglu", act_params=params)
+    want = te_jax.activation_reference.act_lu(x, "clamped_swiglu", act_params=params)
     t = tol(jnp.float32, act)
     np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=t, atol=t)
     assert not np.allclose(np.asarray(y), np.asarray(te_jax.act_lu(x, "clamped_swiglu")))
@@ -147,10 +147,10 @@ def test_quantize_and_a_fused_quantized_activation(quantizer, rng):
     @jax.jit
     def run(x):
         return (
-            te_jax.quantize(x, quantizer, implementation="ffi"),
-            te_jax.quantize(x, quantizer, implementation="xla"),
+            te_jax.quantize.quantize(x, quantizer, implementation="ffi"),
+            te_jax.quantize.quantize(x, quantizer, implementation="xla"),
             te_jax.act_lu(x, "gelu", quantizer=quantizer),
-            te_jax.quantize(te_jax.act_lu(x, "gelu"), quantizer),
+            te_jax.quantize.quantize(te_jax.act_lu(x, "gelu"), quantizer),
         )
 
     ffi, xla, fused, composite = run(x)

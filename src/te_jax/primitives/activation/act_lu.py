@@ -13,7 +13,7 @@ from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import batching
 
-from te_jax import reference
+from te_jax import activation_reference
 from te_jax._varying import bind
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
@@ -95,7 +95,7 @@ def _act_lu_abstract(x, *, act, params, output_amax):
 
 def reference_results(x, *, act, params, output_amax):
     """The outer primitive's results in pure JAX: ``[y]``, or ``[y, amax]``."""
-    y = reference.act_lu(x, act, params)
+    y = activation_reference.act_lu(x, act, params)
     if not output_amax:
         return [y]
     return [y, base.amax(y)]
