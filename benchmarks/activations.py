@@ -279,7 +279,7 @@ def _rows_for(nbytes: float, hidden: int, itemsize: int) -> int:
 @functools.partial(jax.jit, static_argnums=(0, 1, 3))
 def _random(shape: tuple[int, ...], dtype, seed, kind: str) -> jax.Array:
     """Hash-based random fill (an integer hash of the element index: fast on every backend,
-    where jax.random takes seconds per 100 MiB on a small CPU).
+    where jax.random is slow for large arrays on a CPU).
 
     ``kind="x"``: triangular on [-8, 8] (8·(u1 − u2); both signs, about 1.5% beyond clamped
     SwiGLU's limit 7); ``kind="dz"``: uniform on [-1, 1).

@@ -19,7 +19,7 @@ The composites are what a JAX user writes: tensor scaling ``amax = max|y|`` (cur
 16 values, E2M1 codes. They are approximations of docs/numerics.md's exact rules with the same
 memory traffic, which is what is timed.
 
-Bytes counted (the minimum traffic, as the issue states it): every input read once, every output
+Bytes counted (the minimum traffic): every input read once, every output
 written once (data, block scales; scalars ignored), plus one more read of the inputs for the
 two-pass modes (current scaling, NVFP4), whose second pass recomputes ``y`` from ``x``.
 ``frac copy`` is the op's bandwidth over a device copy's (``jnp.copy`` of a uint32 array that
@@ -73,7 +73,7 @@ class Case:
         return self.mode in ("current", "nvfp4")
 
 
-# The issue's rows and their targets.
+# The rows and their speedup targets over the XLA composite (the acceptance checks).
 CASES = [
     *(Case("act", a, "delayed", "rowwise", E4M3, 0.85, 1.8) for a in ACTS),
     *(Case("act", a, "current", "rowwise", E4M3, None, 1.5) for a in ACTS),

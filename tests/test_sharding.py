@@ -17,7 +17,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 # Each file: the fewest tests it holds (a file that collects fewer has lost some), and the
-# processes it is split over (the MLP steps take minutes in one).
+# processes it is split over (the MLP steps are the slowest checks: split, they run side by side).
 CHECK_FILES = {
     "sharded_checks.py": (20, 1),
     "quantized_sharded_checks.py": (20, 1),

@@ -1,4 +1,4 @@
-"""The smoke pass (``pytest -m smoke``, well under a minute on two cores): every public name of
+"""The smoke pass (``pytest -m smoke``, the quick one): every public name of
 te_jax (``te_jax.__all__``), the Linen and NNX modules and the sharding helpers, each called at
 small shapes and checked against the pure-JAX path or a few lines of jax.numpy. The full suite
 checks the same ops in depth; test_every_public_name_has_a_smoke_test fails when a name joins
