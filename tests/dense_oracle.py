@@ -16,7 +16,7 @@ The bounds, stage by stage (``u_d`` the unit roundoff of the compute dtype ``d``
   ``Σ e_a (|b| + e_b) + |a| e_b``. The float32 accumulation of the K products and the bias is
   within ``γ_(K+1) Σ|a||b|`` (``γ_n = n·2^-24 / (1 - n·2^-24)``, recursive summation in any
   order), and the FP8 GEMM's one or two multiplications of the accumulator by ``scale_inv``
-  add ``2·2^-24`` of it: ``K·2^-23 · (Σ|a||b| + |bias|)`` covers all of it for K >= 4 (docs/numerics.md §8's
+  add ``2·2^-24`` of it: ``K·2^-23 · (Σ|a||b| + |bias|)`` covers all of it for K >= 4 (numerics §8's
   rule; K is taken as at least 4).
 * ``rounded``: the float32 result rounded once to ``d`` (h, and each output). With ``|c - v| <= e``
   before, ``|RN_d(c) - RN_d(v)| <= e + u_d(|c| + |v|) <= e + u_d(2|v| + e)`` (plus the smallest
@@ -282,7 +282,7 @@ def backward(fwd: Forward, dy) -> Grads:
     return Grads(dx, dk, db, dh)
 
 
-# ---- docs/numerics.md §8's exact-math rule --------------------------------------------------------------
+# ---- docs/numerics.md §8's exact-math rule ---------------------------------------------------
 
 
 def ulp(v, dtype) -> np.ndarray:
@@ -293,7 +293,7 @@ def ulp(v, dtype) -> np.ndarray:
 
 
 def dequantized_product(a, b, bias, dtype) -> Bounded:
-    """docs/numerics.md §8: the float64 product of the dequantized operands ``a (M, K) · b (K, N)`` (+ bias),
+    """numerics §8: the float64 product of the dequantized operands ``a (M, K) · b (K, N)`` (+ bias),
     within float32 accumulation error ``K·2^-23·Σ|a||b|`` (the bias counted as one more term)
     plus one ulp of the output dtype."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
