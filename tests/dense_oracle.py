@@ -293,7 +293,7 @@ def ulp(v, dtype) -> np.ndarray:
 
 
 def dequantized_product(a, b, bias, dtype) -> Bounded:
-    """numerics §8: the float64 product of the dequantized operands ``a (M, K) · b (K, N)`` (+ bias),
+    """Numerics §8: float64 product of the dequantized operands ``a (M, K) · b (K, N)`` (+ bias),
     within float32 accumulation error ``K·2^-23·Σ|a||b|`` (the bias counted as one more term)
     plus one ulp of the output dtype."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
