@@ -93,7 +93,8 @@ def _check(
 
 
 def checks(result: dict) -> list[dict]:
-    """The issue's acceptance checks, on the large-shape rows of this run's backend."""
+    """The acceptance checks (te_jax's speedup targets over XLA), on the large-shape rows
+    of this run's backend."""
     sec = _section(result, "large")
     if sec is None:
         return [{"check": "large-shape checks", "status": "SKIP", "detail": "no large section"}]

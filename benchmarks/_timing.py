@@ -1,6 +1,6 @@
 """Host-side timing of jitted JAX calls, and the device-copy ceiling.
 
-Method (DESIGN.md, "Performance method"):
+Method:
 
 - Every timed function is a ``jax.jit``-compiled callable. It is compiled and run once, then run
   once more on every input set (blocking after each) to estimate the time of one call.

@@ -8,8 +8,8 @@ Usage::
 
 Ops, for every activation type and dtype:
 
-- ``fwd``:        ``te_jax.act_lu(x, act)`` vs ``jax.jit(te_jax.reference.act_lu)``; exact GELU
-                  (and exact GeGLU) also vs ``jax.nn.gelu(x, approximate=False)``.
+- ``fwd``:        ``te_jax.act_lu(x, act)`` vs ``jax.jit(te_jax.activation_reference.act_lu)``;
+                  exact GELU (and exact GeGLU) also vs ``jax.nn.gelu(x, approximate=False)``.
 - ``dact``:       ``te_jax.dact_lu(dz, x, act)`` vs ``jax.vjp`` of the reference forward.
 - ``dact+dbias``: ``te_jax.quantize_dact_dbias(dz, x, act, is_dbias=True)`` vs ``jax.vjp`` of
                   the reference forward + a float32 sum over the leading axes.
@@ -187,7 +187,7 @@ def _make_fns(te_jax, name: str, op: str, impl: str | None) -> dict[str, Callabl
     """{'te_jax': f, 'xla': f, ['jax.nn': f]}, all jitted, for one (activation, op)."""
     act = ACTIVATIONS[name]
     gated = len(act) == 2
-    ref = te_jax.reference
+    ref = te_jax.activation_reference
 
     def ref_fwd(x):
         return ref.act_lu(x, act)
@@ -279,7 +279,7 @@ def _rows_for(nbytes: float, hidden: int, itemsize: int) -> int:
 @functools.partial(jax.jit, static_argnums=(0, 1, 3))
 def _random(shape: tuple[int, ...], dtype, seed, kind: str) -> jax.Array:
     """Hash-based random fill (an integer hash of the element index: fast on every backend,
-    where jax.random takes seconds per 100 MiB on a small CPU).
+    where jax.random is slow for large arrays on a CPU).
 
     ``kind="x"``: triangular on [-8, 8] (8·(u1 − u2); both signs, about 1.5% beyond clamped
     SwiGLU's limit 7); ``kind="dz"``: uniform on [-1, 1).

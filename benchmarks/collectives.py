@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from benchmarks import _report
-from te_jax.sharding import hlo_collectives
+from te_jax.testing import hlo_collectives
 
 STRATEGIES = {
     "dp": {"data": 8},

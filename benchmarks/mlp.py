@@ -282,7 +282,7 @@ def _norm_quantize_fns(rows: list[str], te_jax) -> dict:
     copies; current scaling's amax pass included), timed alone: the pass a fused norm +
     quantize kernel would remove."""
     from te_jax.quantize.quantize_layout import QuantizeLayout
-    from te_jax.quantized import quantize
+    from te_jax.quantize import quantize
 
     fns = {}
     for prec in ("delayed", "current"):

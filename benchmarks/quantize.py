@@ -7,11 +7,11 @@ Usage::
 
 Rows (``H = --hidden``, ``M`` rows so that one ``(M, H)`` tensor of ``--dtype`` is ``--gib``):
 
-- ``act``:        ``te_jax.act_lu(x, act, quantizer=q)``; composite: ``reference.act_lu`` then
-                  the quantization below.
+- ``act``:        ``te_jax.act_lu(x, act, quantizer=q)``; composite:
+                  ``activation_reference.act_lu`` then the quantization below.
 - ``dact+dbias``: ``te_jax.quantize_dact_dbias(dz, x, act, is_dbias=True, quantizer=q)``;
-                  composite: ``reference.quantize_dact_dbias`` then the quantization.
-- ``quantize``:   ``te_jax.quantize(x, q)``; composite: the quantization alone.
+                  composite: ``activation_reference.quantize_dact_dbias`` then the quantization.
+- ``quantize``:   ``te_jax.quantize.quantize(x, q)``; composite: the quantization alone.
 
 The composites are what a JAX user writes: tensor scaling ``amax = max|y|`` (current:
 ``scale = Q / amax``), ``clip(y · scale, ±Q).astype(fp8)``, colwise ``y.T``; MXFP8
@@ -19,7 +19,7 @@ The composites are what a JAX user writes: tensor scaling ``amax = max|y|`` (cur
 16 values, E2M1 codes. They are approximations of docs/numerics.md's exact rules with the same
 memory traffic, which is what is timed.
 
-Bytes counted (the minimum traffic, as the issue states it): every input read once, every output
+Bytes counted (the minimum traffic): every input read once, every output
 written once (data, block scales; scalars ignored), plus one more read of the inputs for the
 two-pass modes (current scaling, NVFP4), whose second pass recomputes ``y`` from ``x``.
 ``frac copy`` is the op's bandwidth over a device copy's (``jnp.copy`` of a uint32 array that
@@ -73,7 +73,7 @@ class Case:
         return self.mode in ("current", "nvfp4")
 
 
-# The issue's rows and their targets.
+# The rows and their speedup targets over the XLA composite (the acceptance checks).
 CASES = [
     *(Case("act", a, "delayed", "rowwise", E4M3, 0.85, 1.8) for a in ACTS),
     *(Case("act", a, "current", "rowwise", E4M3, None, 1.5) for a in ACTS),
@@ -188,15 +188,15 @@ def _composite(y, case: Case):
 
 def _functions(te_jax, case: Case) -> tuple[dict[str, Callable], Callable]:
     """({"te_jax": f, "xla": g}, make_args) for one case; f and g take the same arguments."""
-    from te_jax import reference
+    from te_jax import activation_reference
 
     q = _quantizer(case)
     act = ACTS.get(case.act)
     if case.op == "act":
         te = lambda x, q: te_jax.act_lu(x, act, quantizer=q)
-        xla = lambda x, q: _composite(reference.act_lu(x, act), case)
+        xla = lambda x, q: _composite(activation_reference.act_lu(x, act), case)
     elif case.op == "quantize":
-        te = lambda x, q: te_jax.quantize(x, q)
+        te = lambda x, q: te_jax.quantize.quantize(x, q)
         xla = lambda x, q: _composite(x, case)
     else:
 
@@ -204,7 +204,7 @@ def _functions(te_jax, case: Case) -> tuple[dict[str, Callable], Callable]:
             return te_jax.quantize_dact_dbias(dz, x, act, is_dbias=True, quantizer=q)
 
         def xla(dz, x, q):
-            dx, dbias = reference.quantize_dact_dbias(dz, x, act, True)
+            dx, dbias = activation_reference.quantize_dact_dbias(dz, x, act, True)
             return _composite(dx.reshape(dx.shape[0], -1), case), dbias
 
     return {"te_jax": jax.jit(te), "xla": jax.jit(xla)}, q

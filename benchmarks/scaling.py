@@ -111,28 +111,30 @@ class FlaxStack(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        from te_jax.sharding import BATCH, EMBED, LENGTH, MLP
+
         part, init = nn.with_logical_partitioning, nn.initializers
         for i in range(self.layers):
             h = nn.LayerNorm(
                 dtype=jnp.bfloat16,
                 epsilon=1e-6,
-                scale_init=part(init.ones, ("embed",)),
-                bias_init=part(init.zeros, ("embed",)),
+                scale_init=part(init.ones, (EMBED,)),
+                bias_init=part(init.zeros, (EMBED,)),
                 name=f"ln{i}",
             )(x)
             h = nn.Dense(
                 self.intermediate,
                 dtype=jnp.bfloat16,
-                kernel_init=part(init.lecun_normal(), ("embed", "mlp")),
-                bias_init=part(init.zeros, ("mlp",)),
+                kernel_init=part(init.lecun_normal(), (EMBED, MLP)),
+                bias_init=part(init.zeros, (MLP,)),
                 name=f"wi{i}",
             )(h)
-            h = nn.with_logical_constraint(jax.nn.gelu(h), ("batch", "length", "mlp"))
+            h = nn.with_logical_constraint(jax.nn.gelu(h), (BATCH, LENGTH, MLP))
             h = nn.Dense(
                 x.shape[-1],
                 dtype=jnp.bfloat16,
-                kernel_init=part(init.lecun_normal(), ("mlp", "embed")),
-                bias_init=part(init.zeros, ("embed",)),
+                kernel_init=part(init.lecun_normal(), (MLP, EMBED)),
+                bias_init=part(init.zeros, (EMBED,)),
                 name=f"wo{i}",
             )(h)
             x = x + h
@@ -251,7 +253,7 @@ def trace_overlap(fn, steps: int) -> dict:
 def _all_reduce_lines(text: str) -> list[str]:
     """``computation: instruction`` of each all-reduce in compiled HLO text (to tell an async
     wrapper's body from the ENTRY's own instructions)."""
-    from te_jax.sharding import hlo_collectives
+    from te_jax.testing import hlo_collectives
 
     out, comp = [], "?"
     for line in text.splitlines():

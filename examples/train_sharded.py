@@ -36,7 +36,8 @@ from jax.sharding import PartitionSpec as P
 import te_jax
 import te_jax.flax as tef
 from te_jax import nnx as tnnx
-from te_jax.sharding import MeshResource, hlo_collectives, parse_mesh
+from te_jax.sharding import MeshResource
+from te_jax.testing import hlo_collectives
 
 RECIPES = {
     "bf16": None,
@@ -139,6 +140,21 @@ def nnx_state(args, recipe, x0, rules):
         return nnx.state((model, optimizer)), loss
 
     return state, specs, step
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """``"data=2,tensor=4"`` -> ``{"data": 2, "tensor": 4}`` (``--mesh``)."""
+    out: dict[str, int] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, size = part.partition("=")
+        if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
+            raise ValueError(f"--mesh: {part!r} must be name=size with size >= 1, e.g. data=2")
+        if name.strip() in out:
+            raise ValueError(f"--mesh: axis {name.strip()!r} given twice")
+        out[name.strip()] = int(size)
+    if not out:
+        raise ValueError("--mesh: give at least one axis, e.g. data=8")
+    return out
 
 
 def collectives(text: str) -> str:

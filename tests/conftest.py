@@ -39,7 +39,7 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests marked ``long`` (tens of seconds each) first, the rest in their order."""
+    """The tests marked ``long`` (the slowest) first, the rest in their order."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

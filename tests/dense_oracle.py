@@ -1,4 +1,4 @@
-"""Float64 NumPy reference of ``te_jax.dense`` (/work/shared/SPEC.md §8, docs/numerics.md §1, §2,
+"""Float64 NumPy reference of ``te_jax.dense`` (docs/numerics.md §8, §1, §2,
 §7), with an error bound per element derived from the arithmetic the op does.
 
 No JAX, nothing from te_jax: the activations and their derivatives come from
@@ -16,12 +16,12 @@ The bounds, stage by stage (``u_d`` the unit roundoff of the compute dtype ``d``
   ``Σ e_a (|b| + e_b) + |a| e_b``. The float32 accumulation of the K products and the bias is
   within ``γ_(K+1) Σ|a||b|`` (``γ_n = n·2^-24 / (1 - n·2^-24)``, recursive summation in any
   order), and the FP8 GEMM's one or two multiplications of the accumulator by ``scale_inv``
-  add ``2·2^-24`` of it: ``K·2^-23 · (Σ|a||b| + |bias|)`` covers all of it for K >= 4 (SPEC §8's
+  add ``2·2^-24`` of it: ``K·2^-23 · (Σ|a||b| + |bias|)`` covers all of it for K >= 4 (numerics §8's
   rule; K is taken as at least 4).
 * ``rounded``: the float32 result rounded once to ``d`` (h, and each output). With ``|c - v| <= e``
   before, ``|RN_d(c) - RN_d(v)| <= e + u_d(|c| + |v|) <= e + u_d(2|v| + e)`` (plus the smallest
   subnormal of ``d`` near zero). ``v`` becomes ``RN_d(v)``: the reference h is the float64
-  product rounded to x's dtype, as SPEC §8 prescribes.
+  product rounded to x's dtype, as docs/numerics.md §8 prescribes.
 * ``activation``: ``y = act(h)``. The kernel meets §7 on the h it is given:
   ``|y - RN_d(f(h_c))| <= t |f(h_c)| + t``. The h it is given is within ``e_h`` of the
   reference h, so ``f(h_c)`` is within ``Δ = max |f(h') - f(h)|`` over the box ``|h' - h| <= e_h``
@@ -52,12 +52,11 @@ import numpy as np
 import float64_oracle as oracle
 from helpers import Act, assert_within, np_dtype, round_to, tol, unit_roundoff
 
-F32_ACC = 2.0**-23  # per term of a float32 dot product (SPEC §8: K · 2^-23 · Σ|a||b|)
+F32_ACC = 2.0**-23  # per term of a float32 dot product (docs/numerics.md §8: K · 2^-23 · Σ|a||b|)
 F32_SUM = 2.0**-24  # per row of a float32 column sum (docs/numerics.md §7's dbias rule)
-# te_jax's CUDA GEMM (cuBLASLt on Hopper), measured on an H100 (docs/numerics.md §8): FP8 tensor
-# cores accumulate each block of K in reduced precision before the float32 promotion
-# (errors above 2^-12 Σ|a||b| seen with operands spread over 2^16 in magnitude, one of them
-# 1.14 · 2^-10 Σ|a||b|: bounded with 2^-9), and a 16-bit output is rounded before
+# te_jax's CUDA GEMM (cuBLASLt): FP8 tensor cores accumulate each block of K in reduced
+# precision before the float32 promotion (bounded here with 2^-9 Σ|a||b|; docs/numerics.md §8
+# has the errors seen and why), and a 16-bit output is rounded before
 # the bias epilogue adds the bias (half an ulp of the accumulator more). Set by the tests where
 # the CUDA GEMM runs.
 KERNEL_GEMM = False
@@ -283,7 +282,7 @@ def backward(fwd: Forward, dy) -> Grads:
     return Grads(dx, dk, db, dh)
 
 
-# ---- SPEC §8's exact-math rule --------------------------------------------------------------
+# ---- docs/numerics.md §8's exact-math rule ---------------------------------------------------
 
 
 def ulp(v, dtype) -> np.ndarray:
@@ -294,7 +293,7 @@ def ulp(v, dtype) -> np.ndarray:
 
 
 def dequantized_product(a, b, bias, dtype) -> Bounded:
-    """SPEC §8: the float64 product of the dequantized operands ``a (M, K) · b (K, N)`` (+ bias),
+    """Numerics §8: float64 product of the dequantized operands ``a (M, K) · b (K, N)`` (+ bias),
     within float32 accumulation error ``K·2^-23·Σ|a||b|`` (the bias counted as one more term)
     plus one ulp of the output dtype."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

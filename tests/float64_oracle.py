@@ -1,7 +1,7 @@
 """Float64 NumPy oracle for every activation of docs/numerics.md §1 and the dbias rule of §2.
 
 Written straight from docs/numerics.md, independently of ``te_jax`` (it imports nothing from
-it): the tests hold both the FFI kernels and ``te_jax.reference`` against this file.
+it): the tests hold both the FFI kernels and ``te_jax.activation_reference`` against this file.
 
 Activations are named by their enum value (0-13, docs/numerics.md §1). ``params`` is anything
 with the attributes ``limit``, ``alpha`` and ``glu_linear_offset`` (a

@@ -239,7 +239,7 @@ _ARRAY_RE = re.compile(r"[a-z0-9]+\[([0-9,]*)\]")
 def hlo_collectives(text: str) -> list[tuple[str, tuple[int, ...]]]:
     """``(kind, result shape)`` of each collective in a compiled HLO module's text, a combined
     (tuple) collective once per element."""
-    from te_jax.sharding import hlo_collectives as parse  # here: this module imports no te_jax
+    from te_jax.testing import hlo_collectives as parse  # here: this module imports no te_jax
 
     out = []
     for op, result_type, _ in parse(text):

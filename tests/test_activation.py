@@ -376,8 +376,9 @@ def test_vmap_of_grad(act, axis, rng):
 @pytest.mark.parametrize("dtype", DTYPES[:2], ids=DTYPE_IDS[:2])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_grad_matches_reference_grad(case, dtype, rng):
-    """jax.grad through te_jax.activation equals jax.grad through te_jax.reference.activation
-    and the float64 derivative (inputs kept off the kinks, where jax.grad of min/clip halves)."""
+    """jax.grad through te_jax.activation equals jax.grad through
+    te_jax.activation_reference.activation and the float64 derivative (inputs kept off the
+    kinks, where jax.grad of min/clip halves)."""
     act, params = case
     shape = (3, 2, 11) if act.gated else (3, 11)
     x = make_x(rng, shape, dtype, act, params, kink_margin=0.02)
@@ -388,7 +389,9 @@ def test_grad_matches_reference_grad(case, dtype, rng):
         return jnp.sum(y.astype(jnp.float32) * jnp.asarray(w, jnp.float32))
 
     g_te = jax.jit(jax.grad(functools.partial(loss, te_jax.activation)))(jnp.asarray(x))
-    g_ref = jax.grad(functools.partial(loss, te_jax.reference.activation))(jnp.asarray(x))
+    g_ref = jax.grad(functools.partial(loss, te_jax.activation_reference.activation))(
+        jnp.asarray(x)
+    )
     assert g_te.dtype == jnp.dtype(dtype) and g_ref.dtype == jnp.dtype(dtype)
     assert_matches(g_te, oracle.dact_lu(w, x, act.enum, params), dtype, act, what="te_jax grad")
     t = 2 * tol(dtype, act)

@@ -149,8 +149,8 @@ def test_cpu_kernels_equal_the_reference_on_edge_values(mode, q_dtype, layout, r
     def both(x, scale):
         q = _quantizer(mode, q_dtype, lay, scale)
         return (
-            te_jax.quantize(x, q, implementation="ffi"),
-            te_jax.quantize(x, q, implementation="xla"),
+            te_jax.quantize.quantize(x, q, implementation="ffi"),
+            te_jax.quantize.quantize(x, q, implementation="xla"),
         )
 
     for x, scale, name in _edge_inputs(rng):

@@ -491,7 +491,7 @@ def test_quantized_x_errors():
     without the colwise copy wgrad reads."""
     w = S((32, 32), jnp.bfloat16)
     row = jax.eval_shape(
-        lambda x: te_jax.quantize(x, CurrentScaleQuantizer()), S((32, 32), jnp.bfloat16)
+        lambda x: te_jax.quantize.quantize(x, CurrentScaleQuantizer()), S((32, 32), jnp.bfloat16)
     )
     dense = lambda qs: lambda x, w: te_jax.dense(x, w, quantizer_set=qs)  # noqa: E731
     with pytest.raises(ValueError, match="x is a ScaledTensor .* but no quantizer_set"):
@@ -576,7 +576,7 @@ def test_fp8_within_fp8_tolerance(name, act, dtype, rng):
 @jax.jit
 def quantize_xla(a, quantizer):
     """``te_jax.quantize`` on the pure-JAX path (one compiled program, not op by op)."""
-    return te_jax.quantize(a, quantizer, implementation="xla")
+    return te_jax.quantize.quantize(a, quantizer, implementation="xla")
 
 
 @functools.partial(jax.jit, static_argnames=("copy",))

@@ -104,8 +104,9 @@ def test_float8_input_is_te_jax_own_type_error(op, impl, dtype):
 
 
 def test_reference_rejects_float8_with_its_own_type_error():
-    with pytest.raises(TypeError, match=r"te_jax.reference: x must be float32, bfloat16"):
-        te_jax.reference.act_lu(jnp.ones((2, 8), jnp.float8_e4m3fn), "gelu")
+    match = r"te_jax.activation_reference: x must be float32, bfloat16"
+    with pytest.raises(TypeError, match=match):
+        te_jax.activation_reference.act_lu(jnp.ones((2, 8), jnp.float8_e4m3fn), "gelu")
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -390,8 +391,10 @@ def test_mxfp8_forward_alone_takes_any_token_count(op, rng):
     assert got.shape == (2, 4, k1.shape[1] if op == "dense" else 64) and got.dtype == BF16
     inside = want.contains(np.asarray(got).reshape(8, -1))
     assert inside.all(), f"{int((~inside).sum())} of {inside.size} outside the MXFP8 product"
-    call = _dense_fn(x.shape, k1.shape, MX, grad=True) if op == "dense" else _mlp_fn(
-        x.shape, 64, MX, grad=True
+    call = (
+        _dense_fn(x.shape, k1.shape, MX, grad=True)
+        if op == "dense"
+        else _mlp_fn(x.shape, 64, MX, grad=True)
     )
     with pytest.raises(ValueError, match="differentiating under MXFP8"):
         call()
@@ -400,5 +403,9 @@ def test_mxfp8_forward_alone_takes_any_token_count(op, rng):
 def test_quantize_keeps_its_own_axis_message():
     """Called directly, quantize names its axis (it knows no tokens)."""
     q = te_jax.quantize.MXFP8Quantizer(jnp.float8_e4m3fn, te_jax.quantize.QuantizeLayout.COLWISE)
-    with pytest.raises(ValueError, match=r"te_jax.quantize: .*innermost leading axis \(axis 0"):
-        jax.eval_shape(lambda x: te_jax.quantize(x, q), jax.ShapeDtypeStruct((8, 64), BF16))
+    with pytest.raises(
+        ValueError, match=r"te_jax.quantize.quantize: .*innermost leading axis \(axis 0"
+    ):
+        jax.eval_shape(
+            lambda x: te_jax.quantize.quantize(x, q), jax.ShapeDtypeStruct((8, 64), BF16)
+        )

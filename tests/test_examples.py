@@ -78,6 +78,22 @@ def test_train_mlp_example(family, capsys):
     assert last <= 0.8 * first, out
 
 
+def test_train_sharded_parses_mesh():
+    """examples/train_sharded.py's ``--mesh``: ``name=size`` pairs, each size >= 1, each name
+    once, at least one."""
+    spec = importlib.util.spec_from_file_location(
+        "train_sharded", os.path.join(ROOT, "examples", "train_sharded.py")
+    )
+    example = importlib.util.module_from_spec(spec)
+    sys.modules["train_sharded"] = example  # Flax's dataclasses look their module up there
+    spec.loader.exec_module(example)
+    assert example.parse_mesh("data=2, tensor=4") == {"data": 2, "tensor": 4}
+    assert example.parse_mesh("data=1,tensor=1") == {"data": 1, "tensor": 1}
+    for bad in ("data", "data=0", "data=2,data=2", "", "=3"):
+        with pytest.raises(ValueError, match="--mesh"):
+            example.parse_mesh(bad)
+
+
 @pytest.mark.parametrize(
     "args",
     [

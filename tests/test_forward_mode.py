@@ -390,7 +390,7 @@ def _reference_block(params, x, act, eps):
     ln = layernorm(x, params["scale"], params["ln_bias"], epsilon=eps)
     dot = functools.partial(jnp.tensordot, axes=1, precision=jax.lax.Precision.HIGHEST)
     h = dot(ln, params["wi_kernel"]) + params["wi_bias"]
-    y = te_jax.reference.activation(h, act.names)
+    y = te_jax.activation_reference.activation(h, act.names)
     return dot(y, params["wo_kernel"]) + params["wo_bias"]
 
 

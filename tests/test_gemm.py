@@ -80,7 +80,7 @@ def test_quantized_lhs_is_used_as_it_is(rng):
     its dequantized value."""
     x, w, b = _operands(rng)
     qs = QuantizerSet.create(DelayedScaling())
-    qx = te_jax.quantize(x, qs.with_layout("x", QuantizeLayout.ROWWISE_COLWISE))
+    qx = te_jax.quantize.quantize(x, qs.with_layout("x", QuantizeLayout.ROWWISE_COLWISE))
     got = te_jax.gemm(qx, w, b, epilogue="gelu", quantizer_set=qs)
     want = te_jax.gemm(x, w, b, epilogue="gelu", quantizer_set=qs)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
@@ -97,8 +97,8 @@ def test_fp8_shapes_the_fp8_gemm_cannot_take(k, n, rng):
     x, w, _ = _operands(rng, k=k, n=n)
     qs = QuantizerSet.create(CurrentScaling())
     got = np.asarray(te_jax.gemm(x, w, quantizer_set=qs), np.float64)
-    qx = te_jax.quantize(x, qs.x)
-    qw = te_jax.quantize(w, qs.with_layout("kernel", QuantizeLayout.ROWWISE))  # from float32
+    qx = te_jax.quantize.quantize(x, qs.x)
+    qw = te_jax.quantize.quantize(w, qs.with_layout("kernel", QuantizeLayout.ROWWISE))  # from float32
     want = np.asarray(qx.dequantize(dtype=jnp.float32), np.float64) @ np.asarray(
         qw.dequantize(dtype=jnp.float32), np.float64
     )

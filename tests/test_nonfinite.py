@@ -82,8 +82,9 @@ def test_nan_in_nan_out(act, dtype, impl):
         np.testing.assert_allclose(got[~want_dx], dx64[~want_dx], rtol=t, atol=t)
 
 
-def test_issue_reproductions():
-    """The issue's examples: ReLU no longer hides NaN, QuickGELU's derivative at 3.4e38 is 1."""
+def test_nan_and_overflow_examples():
+    """Two cases the formulas once got wrong: ReLU passes NaN on (does not hide it), and
+    QuickGELU's derivative at 3.4e38 is its limit 1 (not an overflow's NaN)."""
     nan = jnp.array([jnp.nan])
     for impl in IMPLS:
         assert np.isnan(te_jax.act_lu(nan, "relu", implementation=impl)).all()

@@ -18,7 +18,7 @@ from te_jax import layers
 from te_jax import nnx as tnnx
 from te_jax.normalization import layernorm
 from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
-from te_jax.sharding import MeshResource, logical_constraint, sequence_parallel
+from te_jax.sharding import BATCH, MLP, MeshResource, logical_constraint, sequence_parallel
 
 H, INTER = 24, 40
 
@@ -115,6 +115,7 @@ def test_layernorm_mlp_against_float64(act, norm, drop, rng):
         want_out = np.asarray(block64(ops64))
         want_ln = np.asarray(_reference_norm(ops64, norm))
         grads64 = jax.tree.map(np.asarray, grads64)
+
     def rel(a, b):
         return np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
 
@@ -266,4 +267,4 @@ def test_logical_constraint_without_a_mesh_is_the_identity(rng):
     for ctx in (None, rules):
         with nn.logical_axis_rules(ctx or ()):
             for fn in (logical_constraint, jax.jit(logical_constraint, static_argnums=1)):
-                np.testing.assert_array_equal(fn(x, ("batch", "mlp")), x)
+                np.testing.assert_array_equal(fn(x, (BATCH, MLP)), x)

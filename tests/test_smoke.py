@@ -1,4 +1,4 @@
-"""The smoke pass (``pytest -m smoke``, well under a minute on two cores): every public name of
+"""The smoke pass (``pytest -m smoke``, the quick one): every public name of
 te_jax (``te_jax.__all__``), the Linen and NNX modules and the sharding helpers, each called at
 small shapes and checked against the pure-JAX path or a few lines of jax.numpy. The full suite
 checks the same ops in depth; test_every_public_name_has_a_smoke_test fails when a name joins
@@ -22,9 +22,11 @@ from jax.sharding import PartitionSpec as P
 
 import te_jax
 import te_jax.flax as tef
+import te_jax.testing
 from helpers import ACT_BY_ALIAS, dz_shape, make_dz, make_x, te_jax_custom_calls, tol
 from te_jax import nnx as tnnx
 from te_jax.quantize import CurrentScaleQuantizer, MXFP8Quantizer, QuantizeLayout
+from te_jax.sharding import BATCH, MLP
 
 pytestmark = pytest.mark.smoke
 
@@ -41,7 +43,7 @@ def _close(got, want, rtol):
 
 @pytest.mark.parametrize("alias", ["gelu", "swiglu"])
 def test_activation_ops_match_the_reference(alias, rng):
-    """act_lu, dact_lu, quantize_dact_dbias and activation's gradient equal te_jax.reference's,
+    """act_lu, dact_lu, quantize_dact_dbias and activation's gradient equal te_jax.activation_reference's,
     and lower to te_jax's kernels exactly where te_jax.kernels_enabled() says."""
     act = ACT_BY_ALIAS[alias]
     assert te_jax.ActivationType.parse(alias).is_gated == act.gated
@@ -56,7 +58,7 @@ def test_activation_ops_match_the_reference(alias, rng):
         grad = jax.grad(lambda x: jnp.sum(te_jax.activation(x, alias) * dz))(x)
         return te_jax.act_lu(x, alias), te_jax.dact_lu(dz, x, alias), dx, dbias, grad
 
-    ref = te_jax.reference
+    ref = te_jax.activation_reference
     want_dx, want_dbias = ref.quantize_dact_dbias(dz, x, alias)
     want = (ref.act_lu(x, alias), ref.dact_lu(dz, x, alias), want_dx, want_dbias, want_dx)
     compiled = ops.lower(x, dz).compile()
@@ -76,7 +78,7 @@ def test_clamped_swiglu_params(rng):
     )
     x = jnp.asarray(make_x(rng, (8, 2, 16), jnp.float32, act, params))
     y = te_jax.act_lu(x, "clamped_swiglu", act_params=params)
-    want = te_jax.reference.act_lu(x, "clamped_swiglu", act_params=params)
+    want = te_jax.activation_reference.act_lu(x, "clamped_swiglu", act_params=params)
     t = tol(jnp.float32, act)
     np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=t, atol=t)
     assert not np.allclose(np.asarray(y), np.asarray(te_jax.act_lu(x, "clamped_swiglu")))
@@ -94,14 +96,16 @@ def _dense_inputs(rng):
     return x, w1, w2, b1, b2
 
 
-def test_dense_and_fused_mlp(rng):
-    """dense is GEMM + bias + activation; fused_mlp is two of them."""
+def test_gemm_dense_and_fused_mlp(rng):
+    """gemm is GEMM + bias + its epilogue; dense is GEMM + bias + any activation; fused_mlp is
+    two of them."""
     x, w1, w2, b1, b2 = _dense_inputs(rng)
     with jax.default_matmul_precision("highest"):
         h_want = jax.nn.gelu(x @ w1 + b1, approximate=True)
         y_want = h_want @ w2 + b2
     h = te_jax.dense(x, w1, b1, activation_type="gelu")
     _close(h, h_want, 1e-5)
+    _close(te_jax.gemm(x, w1, b1, epilogue="gelu"), h_want, 1e-5)
     y = te_jax.fused_mlp(x, w1, w2, b1, b2, activation_type="gelu")
     _close(y, y_want, 1e-5)
     _close(y, te_jax.dense(h, w2, b2), 1e-5)
@@ -145,10 +149,10 @@ def test_quantize_and_a_fused_quantized_activation(quantizer, rng):
     @jax.jit
     def run(x):
         return (
-            te_jax.quantize(x, quantizer, implementation="ffi"),
-            te_jax.quantize(x, quantizer, implementation="xla"),
+            te_jax.quantize.quantize(x, quantizer, implementation="ffi"),
+            te_jax.quantize.quantize(x, quantizer, implementation="xla"),
             te_jax.act_lu(x, "gelu", quantizer=quantizer),
-            te_jax.quantize(te_jax.act_lu(x, "gelu"), quantizer),
+            te_jax.quantize.quantize(te_jax.act_lu(x, "gelu"), quantizer),
         )
 
     ffi, xla, fused, composite = run(x)
@@ -216,23 +220,23 @@ def test_nnx_layernorm_mlp(rng):
 
 
 def test_sharding_helpers():
-    """te_jax.sharding: MeshResource's logical axis rules, parse_mesh, logical_constraint under
-    a (one-device) mesh and the rules, and hlo_collectives on a compiled module's text."""
+    """te_jax.sharding: MeshResource's logical axis rules, logical_constraint under a
+    (one-device) mesh and the rules; te_jax.testing.hlo_collectives on a compiled module's
+    text."""
     resource = te_jax.sharding.MeshResource(dp_resource="data", tp_resource="tensor")
     rules = resource.logical_axis_rules()
-    assert dict(rules)["batch"] == "data" and dict(rules)["mlp"] == "tensor"
-    assert te_jax.sharding.parse_mesh("data=1,tensor=1") == {"data": 1, "tensor": 1}
+    assert dict(rules)[BATCH] == "data" and dict(rules)[MLP] == "tensor"
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
     resource.check_mesh(mesh)
     x = jnp.arange(8.0).reshape(2, 4)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         assert not te_jax.sharding.sequence_parallel()
-        f = jax.jit(lambda x: te_jax.sharding.logical_constraint(x * 2, ("batch", "mlp")))
+        f = jax.jit(lambda x: te_jax.sharding.logical_constraint(x * 2, (BATCH, MLP)))
         y = f(x)
     assert y.sharding.is_equivalent_to(NamedSharding(mesh, P("data", "tensor")), 2)
     np.testing.assert_array_equal(np.asarray(y), np.asarray(x) * 2)
     text = "  ROOT %r = f32[8]{0} all-reduce(%c), to_apply=%sum"
-    assert te_jax.sharding.hlo_collectives(text) == [("all-reduce", "f32[8]{0}", ("c",))]
+    assert te_jax.testing.hlo_collectives(text) == [("all-reduce", "f32[8]{0}", ("c",))]
 
 
 # ---- every public name has a smoke test ----------------------------------------------------

@@ -3,12 +3,13 @@
 Forward (``act_lu``), backward (``dact_lu``), backward + bias gradient (``quantize_dact_dbias``)
 and the differentiable ``activation`` for GELU, GeGLU, GLU, SiLU, SwiGLU, ReLU, ReGLU, QuickGELU,
 QGeGLU, squared ReLU, SReGLU, clamped SwiGLU and exact GELU/GeGLU, as XLA FFI kernels wrapped in
-JAX primitives (jit, vmap, grad, sharding). ``te_jax.reference`` holds the pure-JAX forms.
+JAX primitives (jit, vmap, grad, sharding). ``te_jax.activation_reference`` holds the pure-JAX
+forms.
 With a quantizer from ``te_jax.quantize`` the outputs are FP8 / MXFP8 / NVFP4 ``ScaledTensor``s
-quantized in the same kernels; ``te_jax.quantize(x, quantizer)`` quantizes on its own.
+quantized in the same kernels; ``te_jax.quantize.quantize(x, quantizer)`` quantizes on its own.
 """
 
-from te_jax import quantize, recipe, reference, sharding
+from te_jax import activation_reference, quantize, recipe, sharding
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
@@ -35,7 +36,7 @@ __all__ = [
     "ClampedSwiGLUParams",
     "ffi_available",
     "kernels_enabled",
-    "reference",
+    "activation_reference",
     "quantize",
     "sharding",
 ]

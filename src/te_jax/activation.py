@@ -4,7 +4,7 @@ differentiable ``activation``.
 Every op takes ``implementation``:
 
 * ``None`` (default): the FFI kernel where te_jax has one for the backend the op is lowered for,
-  the pure-JAX ``te_jax.reference`` path otherwise (and for float64 inputs);
+  the pure-JAX ``te_jax.activation_reference`` path otherwise (and for float64 inputs);
 * ``"ffi"``: the kernel; an error at trace time if there is none;
 * ``"xla"``: the pure-JAX path.
 
@@ -15,13 +15,15 @@ Differentiation (``jax.grad``, ``vjp``, ``jvp``, ``jacfwd``, ``hessian``, any or
 path and gives the same values (docs/numerics.md §1's derivatives, §7's tolerances):
 
 * ``act_lu`` (and ``activation``): reverse mode runs the forward kernel and the fused
-  ``dact_lu`` kernel (the transpose of the primitive's tangent, ``te_jax.primitives.autodiff``);
-  forward mode evaluates ``f'(x)·ẋ`` in pure JAX. The pure-JAX path is
-  ``te_jax.reference.activation``, a ``custom_jvp`` with the same tangent.
+  ``dact_lu`` kernel (the transpose of the primitive's tangent,
+  ``te_jax.primitives.activation.autodiff``); forward mode evaluates ``f'(x)·ẋ`` in pure JAX.
+  The pure-JAX path is ``te_jax.activation_reference.activation``, a ``custom_jvp`` with the
+  same tangent.
 * ``dact_lu`` / ``quantize_dact_dbias`` (dx and dbias): linear in ``dz``; their derivative in
   ``x`` (``f''``) is computed in pure JAX on every path.
 * A quantized output (any op with a ``quantizer``, ``te_jax.quantize``) is not differentiable:
-  a nonzero tangent reaching it raises ``TypeError`` at trace time (see ``te_jax.quantized``).
+  a nonzero tangent reaching it raises ``TypeError`` at trace time (see
+  ``te_jax.quantized_output``).
 
 All checks below run at trace time, before any kernel, and raise ``TypeError`` / ``ValueError``
 naming the argument, what was expected and what was received.
@@ -34,11 +36,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from te_jax import primitives, reference
+from te_jax import activation_reference, primitives
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import check_input_dtype, use_ffi
+from te_jax.primitives.quantized import OpKind
 from te_jax.quantize.scaled_tensor import gradient_from_cotangent
-from te_jax.quantized import OpKind, quantized_output
+from te_jax.quantized_output import quantized_output
 
 __all__ = ["act_lu", "dact_lu", "quantize_dact_dbias", "activation"]
 
@@ -108,7 +111,7 @@ def act_lu(
             "act_lu", OpKind.ACT, (x,), quantizer, act, params, implementation=implementation
         )
     if not use_ffi("act_lu", implementation, jnp.result_type(x)):
-        return reference.activation(x, act, params)  # act_lu with §1's derivatives
+        return activation_reference.activation(x, act, params)  # act_lu with §1's derivatives
     return primitives.bind_act_lu(x, act, params)[0]
 
 
@@ -142,7 +145,7 @@ def quantize_dact_dbias(
             op, OpKind.DACT, (dz, x), quantizer, act, params, bool(is_dbias), implementation
         )
     if not use_ffi(op, implementation, jnp.result_type(x)):
-        return reference.quantize_dact_dbias(dz, x, act, is_dbias, params)
+        return activation_reference.quantize_dact_dbias(dz, x, act, is_dbias, params)
     outs = primitives.bind_dact_dbias(dz, x, act, params, bool(is_dbias))
     return outs[0], (outs[1] if is_dbias else None)
 
@@ -163,7 +166,7 @@ def dact_lu(
             "dact_lu", OpKind.DACT, (dz, x), quantizer, act, params, False, implementation
         )[0]
     if not use_ffi("dact_lu", implementation, jnp.result_type(x)):
-        return reference.dact_lu(dz, x, act, params)
+        return activation_reference.dact_lu(dz, x, act, params)
     return primitives.bind_dact_dbias(dz, x, act, params, False)[0]
 
 

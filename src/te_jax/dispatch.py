@@ -144,7 +144,8 @@ def decide(
             what = "kernels" if target is None else f"{target} kernel"
             raise RuntimeError(
                 f"te_jax.{op}: implementation='ffi' but te_jax has no {what} for the "
-                f"{backend!r} backend" + (f" ({reason})" if reason else "")
+                f"{backend!r} backend"
+                + (f" ({reason})" if reason else "")
                 + "; use implementation=None or 'xla'"
             )
         return Path.KERNEL

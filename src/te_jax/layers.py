@@ -30,7 +30,7 @@ from te_jax.linear.dense import dense
 from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.normalization import layernorm
 from te_jax.recipe import QuantizerSet, Recipe
-from te_jax.sharding import gather_sequence, split_sequence
+from te_jax.sequence_parallel import gather_sequence, split_sequence
 
 __all__ = [
     "resolve_activation",

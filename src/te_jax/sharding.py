@@ -24,34 +24,42 @@ name       dimension                                    mesh axis
 
 and the names for activations (for ``nn.with_logical_constraint`` in a user's model):
 ``batch`` -> ``(dp_resource, fsdp_resource)`` (FSDP is data parallel too), ``length`` ->
-``sp_resource``, ``embed`` and ``mlp`` as above where the axis is still free.
+``sp_resource``, ``embed`` and ``mlp`` as above where the axis is still free. Each name is a
+constant here (``BATCH``, ``LENGTH``, ``EMBED``, ``MLP``, ``ACT``; all five in ``LOGICAL_AXES``).
 
 With ``tp_resource`` the MLP is Megatron-style: ``wi`` (``(H, I)``, gated ``(H, 2, I)``) column
 parallel, the activation and its gradient local to each shard, ``wo`` (``(I, H)``) row
 parallel with one all-reduce of the output in the forward and one of ``dx`` in the backward.
 With ``fsdp_resource`` every parameter is split over that axis and all-gathered just before its
-GEMM, and its gradient reduce-scattered.
+GEMM, and its gradient reduce-scattered. With ``sp_resource`` the activations outside the
+tensor-parallel region stay split along ``length``; ``te_jax.sequence_parallel`` holds the
+all-gather / reduce-scatter pair at the region's edges.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-
-import jax
-import jax.numpy as jnp
 
 __all__ = [
-    "MeshResource",
+    "BATCH",
+    "LENGTH",
+    "EMBED",
+    "MLP",
+    "ACT",
     "LOGICAL_AXES",
-    "parse_mesh",
+    "MeshResource",
     "logical_constraint",
+    "check_logical_axes",
     "sequence_parallel",
-    "hlo_collectives",
 ]
 
-# The logical axis names te_jax's modules and examples use.
-LOGICAL_AXES = ("batch", "length", "embed", "mlp", "act")
+# The logical axis names te_jax's modules put on parameters and activations (the table above).
+BATCH = "batch"
+LENGTH = "length"
+EMBED = "embed"
+MLP = "mlp"
+ACT = "act"
+LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, ACT)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,11 +113,11 @@ class MeshResource:
         mapping ``LOGICAL_AXES`` to this mesh's axes."""
         batch = self.batch_axes
         return (
-            ("batch", batch if len(batch) > 1 else (batch[0] if batch else None)),
-            ("length", self.sp_resource),
-            ("embed", self.fsdp_resource),
-            ("mlp", self.tp_resource),
-            ("act", None),
+            (BATCH, batch if len(batch) > 1 else (batch[0] if batch else None)),
+            (LENGTH, self.sp_resource),
+            (EMBED, self.fsdp_resource),
+            (MLP, self.tp_resource),
+            (ACT, None),
         )
 
     def check_mesh(self, mesh) -> None:
@@ -122,21 +130,6 @@ class MeshResource:
                     f"te_jax.sharding.MeshResource: {f.name}={v!r} is not an axis of the mesh "
                     f"(axes {names})"
                 )
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """``"data=2,tensor=4"`` -> ``{"data": 2, "tensor": 4}`` (the examples' ``--mesh``)."""
-    out: dict[str, int] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, sep, size = part.partition("=")
-        if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
-            raise ValueError(f"--mesh: {part!r} must be name=size with size >= 1, e.g. data=2")
-        if name.strip() in out:
-            raise ValueError(f"--mesh: axis {name.strip()!r} given twice")
-        out[name.strip()] = int(size)
-    if not out:
-        raise ValueError("--mesh: give at least one axis, e.g. data=8")
-    return out
 
 
 def logical_constraint(x, axes):
@@ -167,113 +160,4 @@ def sequence_parallel() -> bool:
     parallelism: ``MeshResource.sp_resource``)."""
     from flax.core import spmd  # noqa: PLC0415 -- Flax only where a model shards
 
-    return any(
-        name == "length" and axes is not None for name, axes in spmd.get_logical_axis_rules()
-    )
-
-
-_WHOLE = ("batch", None, "embed")  # (batch, length, hidden), the sequence whole
-_SPLIT = ("batch", "length", "embed")  # the sequence split over sp_resource
-
-
-def gather_sequence(x):
-    """``x (batch, length, hidden)``, split along ``length`` under sequence parallelism, made
-    whole for the tensor-parallel region: an all-gather forward, a reduce-scatter of the
-    gradient backward. ``x`` itself otherwise."""
-    if jnp.ndim(x) != 3 or not sequence_parallel():
-        return x
-    return _gather(x)
-
-
-def split_sequence(x):
-    """``x (batch, length, hidden)`` split along ``length`` again after the tensor-parallel
-    region: the row-parallel GEMM's sum becomes a reduce-scatter forward, the gradient an
-    all-gather backward. ``x`` itself otherwise."""
-    if jnp.ndim(x) != 3 or not sequence_parallel():
-        return x
-    return _split(x)
-
-
-# Each direction's constraint is the other's in the backward (with_sharding_constraint alone
-# would keep the gradient whole, an all-reduce where Megatron's reduce-scatter belongs).
-@jax.custom_vjp
-def _gather(x):
-    return logical_constraint(x, _WHOLE)
-
-
-@jax.custom_vjp
-def _split(x):
-    return logical_constraint(x, _SPLIT)
-
-
-_gather.defvjp(lambda x: (_gather(x), None), lambda _, g: (logical_constraint(g, _SPLIT),))
-_split.defvjp(lambda x: (_split(x), None), lambda _, g: (logical_constraint(g, _WHOLE),))
-
-
-_COLLECTIVE_KINDS = (
-    "all-gather",
-    "all-reduce",
-    "reduce-scatter",
-    "all-to-all",
-    "collective-permute",
-)
-# "name = TYPE KIND(ARGS)"; TYPE may be a tuple (XLA:GPU combines collectives), nested and with
-# /*index=N*/ comments, so it is everything between "= " and the kind.
-_COLLECTIVE = re.compile(
-    r"= (?P<type>[^\n]*?) (?P<kind>"
-    + "|".join(_COLLECTIVE_KINDS)
-    + r")(?P<start>-start)?\((?P<args>[^)]*)\)"
-)
-
-
-def _tuple_elements(hlo_type: str) -> list[str] | None:
-    """The top-level elements of an HLO tuple type, or None where the type is not a tuple."""
-    t = re.sub(r"/\*index=\d+\*/", "", hlo_type).strip()
-    if not t.startswith("("):
-        return None
-    parts, depth, start = [], 0, 1
-    for i, ch in enumerate(t):
-        if ch in "({[":
-            depth += 1
-        elif ch in ")}]":
-            depth -= 1
-        elif ch == "," and depth == 1:
-            parts.append(t[start:i].strip())
-            start = i + 1
-    parts.append(t[start:-1].strip())
-    return parts
-
-
-def _async_result(kind: str, hlo_type: str, n_operands: int) -> str:
-    """The result type of an async ``-start``: XLA types it ``(operands, results, ...)`` (the
-    operands a tuple when there are several, or a 1-tuple for an all-reduce; a
-    collective-permute adds context scalars); a start typed as its result alone is returned
-    as is."""
-    parts = _tuple_elements(hlo_type)
-    if parts is None or len(parts) < 2:
-        return hlo_type
-    first = _tuple_elements(parts[0])
-    if kind == "collective-permute" or (first is None and n_operands == 1 and len(parts) == 2):
-        return parts[1]
-    if first is not None and len(first) == n_operands and len(parts) == 2:
-        return parts[1]
-    return hlo_type
-
-
-def hlo_collectives(hlo_text: str) -> list[tuple[str, str, tuple[str, ...]]]:
-    """``(kind, result type, operand names)`` of each collective in compiled HLO text, e.g.
-    ``jax.jit(step).lower(*args).compile().as_text()``: what a sharded step communicates.
-
-    Kinds: ``all-gather``, ``all-reduce``, ``reduce-scatter``, ``all-to-all``,
-    ``collective-permute``. An async pair (``-start`` / ``-done``) counts once, under its kind,
-    with the type of its result (XLA types the start ``(operands, results)``). The result type
-    is HLO's text (a tuple for a combined collective), the operands their names without ``%``.
-    """
-    out = []
-    for m in _COLLECTIVE.finditer(hlo_text):
-        operands = tuple(a.strip().lstrip("%") for a in m["args"].split(",") if a.strip())
-        hlo_type = m["type"]
-        if m["start"]:
-            hlo_type = _async_result(m["kind"], hlo_type, len(operands))
-        out.append((m["kind"], hlo_type, operands))
-    return out
+    return any(name == LENGTH and axes is not None for name, axes in spmd.get_logical_axis_rules())

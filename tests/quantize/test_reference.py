@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import quantize_oracle as oracle
-from te_jax.quantize import QuantizeLayout, reference
+from te_jax.quantize import QuantizeLayout, reference, shapes
 
 from .cases import (
     CONFIG_BY_MODE,
@@ -185,7 +185,7 @@ def test_shapes_and_layouts(mode, case, rng):
     want = oracle_quantize(y, cfg, layout, nf)
     assert_same_bits(got, want, what=f"{cfg} {shape}")
     assert got.shape == shape and got.n_feature_axes == nf
-    specs = reference.scale_shapes(shape, mode, layout, nf, cfg.q_dtype)
+    specs = shapes.scale_shapes(shape, mode, layout, nf, cfg.q_dtype)
     for name in FIELDS:
         leaf = getattr(got, name)
         spec = specs[name]
@@ -207,7 +207,7 @@ def test_abstract_shapes_match_scale_shapes(mode, layout):
         got = jax.eval_shape(
             functools.partial(reference.quantize, n_feature_axes=nf), y, cfg.quantizer(layout)
         )
-        specs = reference.scale_shapes(shape, mode, layout, nf, cfg.q_dtype)
+        specs = shapes.scale_shapes(shape, mode, layout, nf, cfg.q_dtype)
         for name in FIELDS:
             leaf, spec = getattr(got, name), specs[name]
             assert (leaf is None) == (spec is None), (name, shape)
@@ -217,17 +217,17 @@ def test_abstract_shapes_match_scale_shapes(mode, layout):
 
 
 def test_scale_shapes_examples():
-    s = reference.scale_shapes((4, 64, 96), MXFP8, RC)
+    s = shapes.scale_shapes((4, 64, 96), MXFP8, RC)
     assert s["data"].shape == (4, 64, 96) and s["data"].dtype == E4M3
     assert s["scale_inv"].shape == (4, 64, 3) and s["scale_inv"].dtype == ml_dtypes.float8_e8m0fnu
     assert s["colwise_scale_inv"].shape == (4, 2, 96)
     assert s["amax"] is None and s["global_scale_inv"] is None
-    s = reference.scale_shapes((4, 32, 2, 16), NVFP4, QuantizeLayout.COLWISE, n_feature_axes=2)
+    s = shapes.scale_shapes((4, 32, 2, 16), NVFP4, QuantizeLayout.COLWISE, n_feature_axes=2)
     assert s["data"] is None and s["scale_inv"] is None
     assert s["colwise_data"].shape == (4, 32, 2, 16) and s["colwise_data"].dtype == E2M1
     assert s["colwise_scale_inv"].shape == (4, 2, 2, 16) and s["colwise_scale_inv"].dtype == E4M3
     assert s["global_scale_inv"].shape == () and s["amax"].shape == ()
-    s = reference.scale_shapes((3, 5, 2, 7), DELAYED, QuantizeLayout.COLWISE, 2, E5M2)
+    s = shapes.scale_shapes((3, 5, 2, 7), DELAYED, QuantizeLayout.COLWISE, 2, E5M2)
     assert s["data"] is None and s["colwise_data"].shape == (2, 7, 3, 5)
     assert s["scale_inv"].shape == () and s["colwise_scale_inv"].shape == ()
 

@@ -1,5 +1,5 @@
 """The scaling-mode descriptions (``ScalingMode.X.impl``): one per mode, FFI values that agree
-with ``ffi/common/scaling.h``, and shapes that agree with ``layout.scale_shapes``."""
+with ``ffi/common/scaling.h``, and shapes that agree with ``shapes.scale_shapes``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from helpers import SCALED_TENSOR_FIELDS, cpp_enum
-from te_jax.quantize import QuantizeLayout, ScalingMode, formats, reference
+from te_jax.quantize import QuantizeLayout, ScalingMode, formats, shapes
 from te_jax.quantize.geometry import Geometry
 from te_jax.quantize.scaling_modes import (
     CurrentTensorScaling,
@@ -75,7 +75,7 @@ def test_batched_shapes_extend_the_public_ones(mode, layout, shape, nf):
     """A primitive result (batch axes, per-tensor slots of shape (1,)) is the ScaledTensor
     field's shape with the batch axes in front."""
     q_dtype = mode.impl.q_dtypes[-1]
-    public = reference.scale_shapes(shape, mode, layout, nf, q_dtype)
+    public = shapes.scale_shapes(shape, mode, layout, nf, q_dtype)
     batched = mode.impl.shapes(Geometry.of((5,) + shape, nf, 1), layout, q_dtype)
     per_tensor = mode.impl.per_tensor_names()
     for name, s in batched.items():

@@ -32,6 +32,7 @@ import te_jax  # noqa: E402
 import te_jax.flax as tef  # noqa: E402
 from helpers import hlo_collectives, sharded_devices  # noqa: E402
 from te_jax import nnx as tnnx  # noqa: E402
+from te_jax import sharding as tsh  # noqa: E402
 from te_jax.sharding import MeshResource  # noqa: E402
 
 DEVICES = sharded_devices(8)
@@ -430,15 +431,19 @@ def test_sequence_parallel_backward_alone(norm, recipe):
 LOGICAL_CASES = {
     "dp_tp": (
         MeshResource(dp_resource="data", tp_resource="tensor"),
-        ("batch", None, "mlp"),
+        (tsh.BATCH, None, tsh.MLP),
         P("data", None, "tensor"),
     ),
     "dp_sp": (
         MeshResource(dp_resource="data", tp_resource="tensor", sp_resource="tensor"),
-        ("batch", "length", "embed"),
+        (tsh.BATCH, tsh.LENGTH, tsh.EMBED),
         P("data", "tensor", None),
     ),
-    "fsdp": (MeshResource(fsdp_resource="data"), ("length", None, "embed"), P(None, None, "data")),
+    "fsdp": (
+        MeshResource(fsdp_resource="data"),
+        (tsh.LENGTH, None, tsh.EMBED),
+        P(None, None, "data"),
+    ),
 }
 
 

@@ -132,9 +132,9 @@ def test_two_pass_uses_the_global_amax(name):
     q = QUANTIZERS[name]()
     x = jnp.linspace(0.01, 1.0, 16 * 64, dtype=jnp.float32).reshape(16, 64)
     x = x * jnp.arange(1, 17, dtype=jnp.float32)[:, None]
-    out, _ = _run(lambda x: te_jax.quantize(x, q), MESH_1D, P("x", None), x)
+    out, _ = _run(lambda x: te_jax.quantize.quantize(x, q), MESH_1D, P("x", None), x)
     assert float(out.amax) == 16.0
-    _assert_same(out, jax.jit(lambda x: te_jax.quantize(x, q))(x))
+    _assert_same(out, jax.jit(lambda x: te_jax.quantize.quantize(x, q))(x))
 
 
 def test_vmapped_quantize_sharded_over_the_batch():
@@ -142,7 +142,7 @@ def test_vmapped_quantize_sharded_over_the_batch():
     q = CurrentScaleQuantizer(jnp.float8_e4m3fn)
     x = jax.random.normal(jax.random.key(3), (8, 32, 64), jnp.float32)
     x = x * jnp.arange(1, 9, dtype=jnp.float32)[:, None, None]
-    fn = jax.vmap(lambda x: te_jax.quantize(x, q))
+    fn = jax.vmap(lambda x: te_jax.quantize.quantize(x, q))
     out, text = _run(fn, MESH_1D, P("x", None, None), x)
     assert "all-reduce" not in text  # each batch element lives on one shard
     _assert_same(out, jax.jit(fn)(x))

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from te_jax import reference
+from te_jax import activation_reference
 from te_jax.activation import act_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.dispatch import Path, check_input_dtype, decide
@@ -31,7 +31,7 @@ from te_jax.primitives.gemm import GemmEpilogue
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import DelayedScaleQuantizer
 from te_jax.quantize.scaled_tensor import ScaledTensor, cotangent_from_gradient
-from te_jax.quantized import quantize
+from te_jax.quantize import quantize
 from te_jax.recipe import QuantizerSet
 from te_jax.sharding import check_logical_axes, logical_constraint
 
@@ -304,7 +304,7 @@ def dense_float64(x, kernel, bias, cfg: DenseConfig):
     )
     if bias is not None:
         h = h + bias
-    return h if cfg.act is None else reference.activation(h, cfg.act, cfg.params)
+    return h if cfg.act is None else activation_reference.activation(h, cfg.act, cfg.params)
 
 
 def tangent(cfg: DenseConfig, res, x_dot=None, kernel_dot=None, bias_dot=None):
@@ -312,7 +312,7 @@ def tangent(cfg: DenseConfig, res, x_dot=None, kernel_dot=None, bias_dot=None):
 
     ``ḣ = ẋ·kernel + x·k̇ + ḃ``, accumulated in float32 and rounded once to the compute dtype
     (docs/numerics.md §8's rule for ``h``), then ``ẏ = act'(h)·ḣ`` by
-    ``te_jax.reference.act_lu_tangent`` (gated: docs/numerics.md §1's product rule). ``act'`` is
+    ``te_jax.activation_reference.act_lu_tangent`` (gated: docs/numerics.md §1's product rule). ``act'`` is
     taken at what the backward's dact reads (h, or y for the ReLU epilogue: the same sign).
 
     Args:
@@ -337,7 +337,7 @@ def tangent(cfg: DenseConfig, res, x_dot=None, kernel_dot=None, bias_dot=None):
     h_dot = functools.reduce(jnp.add, terms).astype(cfg.dtype)
     y_dot = h_dot
     if cfg.act is not None:
-        y_dot = reference.act_lu_tangent(h_dot, res.act_in, cfg.act, cfg.params)
+        y_dot = activation_reference.act_lu_tangent(h_dot, res.act_in, cfg.act, cfg.params)
     return y_dot
 
 

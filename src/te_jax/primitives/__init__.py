@@ -1,15 +1,14 @@
-"""JAX primitives wrapping the te_jax FFI targets (one module per op family).
+"""JAX primitives wrapping the te_jax FFI targets (one package per op family).
 
-``act_lu`` and ``dact_dbias`` are the unquantized families, ``quantized`` (a package) the ops
-with an FP8 / FP4 output; ``base`` is their shared machinery and ``dbias_policy`` the dbias
-reduction's group count, ``autodiff`` the unquantized families' JVP and transpose rules. ``gemm``
-(a package) is the GEMM with its fused epilogues (``te_jax_gemm``, CUDA only; pure JAX
-elsewhere).
+``activation`` holds the unquantized activation primitives (``act_lu``, ``dact_dbias`` and their
+JVP / transpose rules, ``autodiff``), ``quantized`` the ops with an FP8 / FP4 output, ``gemm``
+the GEMM with its fused epilogues (``te_jax_gemm``, CUDA only; pure JAX elsewhere); each is a
+package. ``base`` is the families' shared machinery, ``custom_linear`` the linear-in-its-cotangent
+rule helper and ``dbias_policy`` the dbias reduction's group count (both activation families
+use it).
 """
 
-from te_jax.primitives import autodiff  # noqa: F401 -- registers the JVP / transpose rules
-from te_jax.primitives.act_lu import bind_act_lu
-from te_jax.primitives.dact_dbias import bind_dact_dbias
+from te_jax.primitives.activation import bind_act_lu, bind_dact_dbias
 from te_jax.primitives.gemm import (
     GEMM_WORKSPACE_BYTES,
     GemmConfig,

@@ -10,7 +10,7 @@ Every FFI op family is two primitives:
   all-gathered) on platforms with kernels, and through the pure-JAX reference elsewhere.
 
 ``custom_partitioning`` has no batching or AD rule; it therefore sits inside the outer
-primitive's lowering, and the AD rules (``te_jax.primitives.autodiff``) are the outer
+primitive's lowering, and the AD rules (``te_jax.primitives.activation.autodiff``) are the outer
 primitives' own.
 """
 

@@ -5,7 +5,7 @@ a function linear in ``tangents`` (given the ``residuals``), whose transpose wit
 ``tangents`` is ``rule.transpose(static, residuals, cotangents)``. A custom-JVP op returns it as
 its tangent, ``ẏ = custom_linear(rule, res, ẋ)``, with the op's fused backward kernels as the
 transpose, in the way ``act_lu``'s tangent transposes to the dact kernel
-(``te_jax.primitives.autodiff``):
+(``te_jax.primitives.activation.autodiff``):
 
 * reverse mode (``grad``, ``vjp``, ``jacrev``) transposes it: the backward kernels run, the
   forward-mode ``apply`` never does;

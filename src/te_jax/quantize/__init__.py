@@ -1,32 +1,29 @@
-"""Quantization: scaling modes, quantizers, ``ScaledTensor`` and the pure-JAX reference.
+"""Quantization: scaling modes, quantizers, ``ScaledTensor``, the quantize op and its pure-JAX
+reference::
 
-``te_jax.quantize`` is both this package and a function::
-
-    from te_jax.quantize import MXFP8Quantizer, QuantizeLayout
-    q = te_jax.quantize(x, MXFP8Quantizer(jnp.float8_e4m3fn, QuantizeLayout.ROWWISE_COLWISE))
+    from te_jax.quantize import MXFP8Quantizer, QuantizeLayout, quantize
+    q = quantize(x, MXFP8Quantizer(jnp.float8_e4m3fn, QuantizeLayout.ROWWISE_COLWISE))
     x_approx = q.dequantize()
 
-Calling the module quantizes ``x`` with the FFI kernel where there is one
-(``te_jax.quantized.quantize``) and the pure-JAX ``te_jax.quantize.reference`` otherwise; see
-``docs/quantization.md``.
+``quantize(x, quantizer)`` quantizes ``x`` with te_jax's kernel where there is one and in pure
+JAX (``te_jax.quantize.reference``) otherwise; see ``docs/quantization.md``.
 
 Modules: ``scaling_modes`` (ScalingMode and one description per mode: its dtypes, shapes,
-kernel inputs, sharding factors and arithmetic), ``quantize_layout`` (QuantizeLayout),
-``formats`` (the FP8/FP4 formats and the saturating cast), ``geometry`` (where blocks and
-transposes fall), ``scale_math`` (amax and the scale formulas), ``quantizers``,
-``scaled_tensor``, ``layout`` (output shapes, input checks), ``reference`` (quantize in pure
-JAX), ``ieee`` (float32 arithmetic independent of the backend's denormal mode).
+kernel inputs, sharding factors and arithmetic), ``quantize_layout`` (QuantizeLayout: which
+quantized copies are written), ``formats`` (the FP8/FP4 formats and the saturating cast),
+``geometry`` (where blocks and transposes fall), ``scale_math`` (amax and the scale formulas),
+``quantizers``, ``scaled_tensor``, ``shapes`` (the scale shapes and the input checks),
+``reference`` (quantize in pure JAX), ``ieee`` (float32 arithmetic independent of the backend's
+denormal mode) and ``op`` (the ``quantize`` op).
 
-This package does not import ``te_jax.primitives`` (which imports it); the FFI path of the
-callable module is imported on first call.
+Only ``op`` imports ``te_jax.primitives``, which imports the other modules of this package; so
+``op`` is imported last here.
 """
 
 from __future__ import annotations
 
-import sys
-import types
-
-from te_jax.quantize import formats, ieee, layout, reference
+from te_jax.quantize import formats, ieee, reference, shapes
+from te_jax.quantize.op import quantize  # noqa: I001 -- last: it binds te_jax.primitives
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import (
     CurrentScaleQuantizer,
@@ -39,6 +36,7 @@ from te_jax.quantize.scaled_tensor import ScaledTensor
 from te_jax.quantize.scaling_modes import ScalingMode
 
 __all__ = [
+    "quantize",
     "ScalingMode",
     "QuantizeLayout",
     "ScaledTensor",
@@ -49,21 +47,6 @@ __all__ = [
     "NVFP4Quantizer",
     "formats",
     "ieee",
-    "layout",
     "reference",
+    "shapes",
 ]
-
-
-class _QuantizeModule(types.ModuleType):
-    """The ``te_jax.quantize`` package, callable as ``te_jax.quantize(x, quantizer)``."""
-
-    def __call__(
-        self, x, quantizer, *, implementation: str | None = None, n_feature_axes: int = 1
-    ) -> ScaledTensor:
-        """Quantizes ``x`` (see ``te_jax.quantized.quantize``); returns a ``ScaledTensor``."""
-        from te_jax.quantized import quantize as _quantize  # noqa: PLC0415 -- cycle
-
-        return _quantize(x, quantizer, implementation=implementation, n_feature_axes=n_feature_axes)
-
-
-sys.modules[__name__].__class__ = _QuantizeModule

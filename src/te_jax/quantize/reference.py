@@ -19,7 +19,8 @@ round-to-nearest-even cast (``formats.saturating_cast``):
 
 Each operation is one float32 operation, evaluated left to right as written. The arithmetic of
 each mode is its description's (``scaling_modes``); the scale formulas are ``scale_math``'s;
-where the blocks and the colwise transpose fall, and the output shapes, are in ``layout``.
+where the blocks and the colwise transpose fall is ``geometry``'s, the output shapes and the
+input checks ``shapes``'.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import jax
 import jax.numpy as jnp
 
 from te_jax.quantize import formats
-from te_jax.quantize.layout import check_quantize_input, scale_shapes
 from te_jax.quantize.quantizers import Quantizer
 from te_jax.quantize.scale_math import (
     NVFP4_GLOBAL_Q,
@@ -39,13 +39,12 @@ from te_jax.quantize.scale_math import (
 )
 from te_jax.quantize.scaled_tensor import ScaledTensor
 from te_jax.quantize.scaling_modes import ScalingMode
+from te_jax.quantize.shapes import check_quantize_input
 
 __all__ = [
     "quantize",
     "quantize_from_amax",
     "quantize_with_scale",
-    "check_quantize_input",
-    "scale_shapes",
     "amax",
     "current_scale",
     "nvfp4_global_scale",

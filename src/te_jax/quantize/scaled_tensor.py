@@ -6,7 +6,7 @@
 |----------|-----------------------|------------------------------|------------------------------|
 | delayed  | E4M3/E5M2, y's shape  | float32 ``()``               | ``amax``                     |
 | current  | E4M3/E5M2, y's shape  | float32 ``()``               | ``amax``                     |
-| MXFP8    | E4M3/E5M2, y's shape  | E8M0, one per 32 (layout.py) |                              |
+| MXFP8    | E4M3/E5M2, y's shape  | E8M0, one per 32 (shapes.py) |                              |
 | NVFP4    | E2M1, y's shape       | E4M3, one per 16             | ``amax``, ``global_scale_inv`` |
 
 NVFP4 dequantizes to ``q · scale_inv · global_scale_inv``.

@@ -2,7 +2,7 @@
 
 ``gemm_p`` computes ``out = epilogue(L @ R · s_L · s_R + bias)`` (``primitive.py``). Its JVP runs
 the primitive for the primal (the kernel where there is one) and takes the tangent of its
-pure-JAX results (``reference.py``): bilinear in ``(L, R)`` for the plain product, times
+pure-JAX results (``reference_results.py``): bilinear in ``(L, R)`` for the plain product, times
 ``gelu'(h)`` / ``[h > 0]`` through the GELU / ReLU epilogues and with ``gelu''`` through DGELU's.
 That is what forward mode through a GEMM needs, and what a second derivative of a te_jax op
 differentiates: its backward's GEMMs (a Hessian-vector product, ``jvp`` of ``grad``) and its
@@ -19,7 +19,7 @@ from te_jax._varying import bind
 from te_jax.primitives.gemm.config import GemmConfig
 from te_jax.primitives.gemm.groups import grouped
 from te_jax.primitives.gemm.primitive import gemm_p
-from te_jax.primitives.gemm.reference import reference_results
+from te_jax.primitives.gemm.reference_results import reference_results
 
 __all__ = []
 

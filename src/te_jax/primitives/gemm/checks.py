@@ -10,7 +10,7 @@ import numpy as np
 from te_jax.primitives.gemm.epilogue import GemmEpilogue
 from te_jax.primitives.gemm.groups import groups, rhs_kd
 from te_jax.primitives.gemm.kernel import dims
-from te_jax.primitives.gemm.reference import F32, F64, FP8
+from te_jax.primitives.gemm.reference_results import F32, F64, FP8
 from te_jax.quantize import formats
 
 __all__ = [

@@ -88,8 +88,7 @@ def grouped(fn: Callable) -> Callable:
         outs = fn(lhs, rhs, bias, aux, lhs_si, rhs_si, config.flat)
         out_shape = g.batch + (g.m,) + g.f
         return [
-            o.reshape(want)
-            for o, want in zip(outs, config.results(out_shape, g.f), strict=True)
+            o.reshape(want) for o, want in zip(outs, config.results(out_shape, g.f), strict=True)
         ]
 
     return run

@@ -23,7 +23,7 @@ import numpy as np
 from te_jax.primitives import base
 from te_jax.primitives.gemm.config import GemmConfig
 from te_jax.primitives.gemm.epilogue import GemmEpilogue
-from te_jax.primitives.gemm.reference import F32, FP8, epilogue, reference_results
+from te_jax.primitives.gemm.reference_results import F32, FP8, epilogue, reference_results
 from te_jax.quantize import formats
 
 __all__ = ["TARGET", "GEMM_WORKSPACE_BYTES", "FP8_ALIGNMENT", "dims", "kernel_results"]

@@ -10,7 +10,7 @@ Row-major math, what JAX sees (``B`` is an optional batch of independent GEMMs):
     out = epilogue(h), rounded once to out_dtype              (B?, M, N)
 
 The epilogue (``GemmEpilogue``) runs on the float32 ``h``; gelu is the tanh form of
-``te_jax.reference`` (the same math as the activation ops):
+``te_jax.activation_reference`` (the same math as the activation ops):
 
 * ``DEFAULT``:  ``out = h``.
 * ``GELU_AUX``: ``out = gelu(h)``, and ``aux = h`` rounded to out_dtype (the backward's input).
@@ -29,7 +29,7 @@ cuBLASLt cannot take (not a multiple of 16) runs on the operands widened exactly
 
 The primitive's only parameter is a ``GemmConfig`` (``config.py``). Paths (``te_jax.dispatch``):
 ``gemm_p`` lowers to the kernel (``kernel.py``) on the platforms where ``te_jax_gemm`` is
-registered (CUDA: there is no CPU handler) and to ``reference.py`` (pure JAX) everywhere else,
+registered (CUDA: there is no CPU handler) and to ``reference_results.py`` (pure JAX) everywhere else,
 both under the same ``custom_partitioning`` (``sharding.py``); ``implementation="xla"`` (and
 float64) calls the pure-JAX results without the primitive.
 
@@ -58,7 +58,7 @@ from te_jax.primitives.gemm.config import GemmConfig, GemmResult
 from te_jax.primitives.gemm.epilogue import GemmEpilogue
 from te_jax.primitives.gemm.groups import arrange, grouped, groups
 from te_jax.primitives.gemm.kernel import TARGET, kernel_results
-from te_jax.primitives.gemm.reference import F32, epilogue, reference_results
+from te_jax.primitives.gemm.reference_results import F32, epilogue, reference_results
 from te_jax.primitives.gemm.sharding import make_partitioned_gemm
 from te_jax.quantize import formats
 

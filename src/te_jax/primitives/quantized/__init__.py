@@ -4,8 +4,11 @@ the standalone ``quantize`` and ``dact`` (+ dbias) with an FP8 / FP4 output
 
 Modules, one job each: ``config`` (the op kind and the quantizer's static configuration),
 ``shapes`` (geometry and result shapes), ``ffi_calls`` (the FFI calls), ``local`` (one shard's
-computation, the two-pass amax logic), ``reference_path`` (the pure-JAX path), ``sharding``
-(Shardy rule and partition), ``primitive`` (the primitive, batching, ``bind_quantized``).
+computation, the two-pass amax logic), ``reference_results`` (the results in pure JAX, as
+``act_lu.reference_results`` / ``dact_dbias.reference_results`` are the unquantized family's),
+``sharding`` (Shardy rule and partition), ``primitive`` (the primitive, batching,
+``bind_quantized``). It has no autodiff rules: a quantized output is not differentiable
+(``te_jax.quantized_output``).
 Everything that depends on the scaling mode is the mode's description
 (``te_jax.quantize.scaling_modes``).
 """

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from te_jax.primitives.quantized import reference_path
 from te_jax.primitives.quantized.ffi_calls import amax_pass, quantize_pass
+from te_jax.primitives.quantized.reference_results import reference_results
 from te_jax.primitives.quantized.shapes import geometry, result_avals, result_names
 
 __all__ = ["kernel", "local_results"]
@@ -51,7 +51,7 @@ def kernel(
 def local_results(operands, scale, kind, act, params, cfg, is_dbias, batch_dims, **kw) -> list:
     """The results in order (``result_names``); empty inputs take the pure-JAX path."""
     if operands[-1].size == 0:
-        return reference_path.reference(
+        return reference_results(
             *operands,
             scale,
             kind=kind,

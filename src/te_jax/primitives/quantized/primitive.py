@@ -11,7 +11,7 @@ from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
 from te_jax.primitives.quantized.config import OpKind, QuantConfig
 from te_jax.primitives.quantized.local import local_results
-from te_jax.primitives.quantized.reference_path import reference
+from te_jax.primitives.quantized.reference_results import reference_results
 from te_jax.primitives.quantized.shapes import geometry, result_avals, result_names
 from te_jax.primitives.quantized.sharding import partitioned
 
@@ -32,7 +32,9 @@ def _local(*args, **p):
     return local_results(tuple(operands), scale, **p)
 
 
-base.register_outer_rules(quantized_p, local=_local, partitioned=partitioned, reference=reference)
+base.register_outer_rules(
+    quantized_p, local=_local, partitioned=partitioned, reference=reference_results
+)
 
 
 def _batch(args, dims, *, kind, act, params, cfg, is_dbias, batch_dims):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from te_jax import reference
+from te_jax import activation_reference
 from te_jax.primitives.gemm.config import GemmConfig
 from te_jax.primitives.gemm.epilogue import GemmEpilogue
 from te_jax.quantize import formats
@@ -24,8 +24,8 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 FP8 = (formats.E4M3, formats.E5M2)
 
-_gelu = reference.component("gelu")
-_relu = reference.component("relu")
+_gelu = activation_reference.component("gelu")
+_relu = activation_reference.component("relu")
 
 
 def accumulate(lhs, rhs, config: GemmConfig, cdt) -> jax.Array:

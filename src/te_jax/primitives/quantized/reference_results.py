@@ -1,28 +1,29 @@
-"""The pure-JAX path of a quantized op: the op in ``te_jax.reference``, then
+"""The ``te_jax_quantized`` primitive's results in pure JAX (its lowering where the kernels are
+not used, and for empty inputs): the op in ``te_jax.activation_reference``, then
 ``te_jax.quantize.reference``, vmapped over the batch axes (the same bits as the kernels)."""
 
 from __future__ import annotations
 
 import jax
 
-from te_jax import reference as act_reference
+from te_jax import activation_reference
 from te_jax.primitives.quantized.config import OpKind
 from te_jax.primitives.quantized.shapes import result_names
 from te_jax.quantize import reference as qref
 
-__all__ = ["reference"]
+__all__ = ["reference_results"]
 
 
 def _reference_one(operands, scale, kind, act, params, cfg, is_dbias) -> list:
     """One (unbatched) tensor: the results in order, per-tensor ones of shape ``(1,)``."""
     dbias = None
     if kind is OpKind.ACT:
-        y = act_reference.act_lu(operands[0], act, params)
+        y = activation_reference.act_lu(operands[0], act, params)
     elif kind is OpKind.QUANTIZE:
         y = operands[0]
     else:
         dz, x = operands
-        y, dbias = act_reference.quantize_dact_dbias(
+        y, dbias = activation_reference.quantize_dact_dbias(
             dz, x, act, is_dbias=is_dbias, act_params=params
         )
     st = qref.quantize_with_scale(
@@ -42,7 +43,7 @@ def _reference_one(operands, scale, kind, act, params, cfg, is_dbias) -> list:
     return [res[k] for k in result_names(kind, cfg, is_dbias)]
 
 
-def reference(*args, kind, act, params, cfg, is_dbias, batch_dims) -> list:
+def reference_results(*args, kind, act, params, cfg, is_dbias, batch_dims) -> list:
     """The outer primitive's results (operands, then the scale ``batch + (1,)``) in pure JAX."""
     *operands, scale = args
 

@@ -23,7 +23,7 @@ from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import batching
 
-from te_jax import reference
+from te_jax import activation_reference
 from te_jax._varying import bind
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base, dbias_policy
@@ -171,7 +171,10 @@ def reference_results(dz, x, *, act, params, is_dbias, n_batch, output_amax):
     """The outer primitive's results in pure JAX (its lowering without kernels, and its JVP)."""
     # The leading n_batch axes are vmapped axes, each with its own dbias: vmap the reference.
     fn = functools.partial(
-        reference.quantize_dact_dbias, activation_type=act, is_dbias=is_dbias, act_params=params
+        activation_reference.quantize_dact_dbias,
+        activation_type=act,
+        is_dbias=is_dbias,
+        act_params=params,
     )
     for _ in range(n_batch):
         fn = jax.vmap(fn)

@@ -1,8 +1,8 @@
-"""The quantized outputs of the public ops, and the standalone ``te_jax.quantize(x, quantizer)``.
+"""An op's output quantized: what ``act_lu`` / ``quantize_dact_dbias`` / ``dact_lu`` (given a
+quantizer) and the standalone ``te_jax.quantize.quantize(x, quantizer)`` return.
 
-``quantized_output`` is what ``act_lu`` / ``quantize_dact_dbias`` / ``dact_lu`` call when given a
-quantizer: it validates at trace time, then either binds the fused kernels
-(``te_jax.primitives.quantized``) or runs the op in pure JAX followed by
+``quantized_output`` is what they call: it validates at trace time, then either binds the fused
+kernels (``te_jax.primitives.quantized``) or runs the op in pure JAX followed by
 ``te_jax.quantize.reference.quantize`` (``implementation="xla"``); both give the same bits.
 
 **Differentiation.** A quantized output is not differentiable, on either path: a nonzero tangent
@@ -13,9 +13,7 @@ silently gave zeros); what FP8 training wants instead is the unquantized op's de
 quantization in a ``custom_vjp`` of one's own (straight through), or ``jax.lax.stop_gradient`` on
 the input where no gradient should flow.
 
-This is the public-op layer of quantization, beside ``activation`` (the unquantized ops); it
-sits outside the ``te_jax.quantize`` package because it binds ``te_jax.primitives``, which
-imports ``te_jax.quantize``.
+This is the public-op layer of quantization, beside ``activation`` (the unquantized ops).
 """
 
 from __future__ import annotations
@@ -26,15 +24,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from te_jax import primitives, reference
+from te_jax import activation_reference, primitives
 from te_jax.activation_types import ActivationParams, ActivationType
-from te_jax.dispatch import check_input_dtype, use_ffi
+from te_jax.dispatch import use_ffi
 from te_jax.primitives.quantized import OpKind, QuantConfig
 from te_jax.quantize import reference as qref
 from te_jax.quantize.quantizers import Quantizer
 from te_jax.quantize.scaled_tensor import ScaledTensor
+from te_jax.quantize.shapes import check_quantize_input
 
-__all__ = ["OpKind", "quantize", "quantized_output"]
+__all__ = ["quantized_output"]
 
 
 def _check_quantizer(op: str, quantizer) -> None:
@@ -82,16 +81,16 @@ def quantized_output(
     cfg = dataclasses.replace(QuantConfig.of(quantizer), feature_axes=int(feature_axes))
     nf = kind.n_feature_axes(act, cfg)
     y_shape = kind.output_shape(act, jnp.shape(x))
-    qref.check_quantize_input(y_shape, dtype, quantizer, nf, f"te_jax.{op}")
+    check_quantize_input(y_shape, dtype, quantizer, nf, f"te_jax.{op}")
     operands = _not_differentiable(op, tuple(operands))
     if not use_ffi(op, implementation, dtype):
         dbias = None
         if kind is OpKind.ACT:
-            y = reference.act_lu(x, act, params)
+            y = activation_reference.act_lu(x, act, params)
         elif kind is OpKind.QUANTIZE:
             y = x
         else:
-            y, dbias = reference.quantize_dact_dbias(*operands, act, is_dbias, params)
+            y, dbias = activation_reference.quantize_dact_dbias(*operands, act, is_dbias, params)
         st = qref.quantize(y, quantizer, n_feature_axes=nf)
         return (st, dbias) if kind is OpKind.DACT else st
 
@@ -110,33 +109,3 @@ def quantized_output(
         n_feature_axes=nf,
     )
     return (st, dbias) if kind is OpKind.DACT else st
-
-
-def quantize(
-    x: jax.Array, quantizer, implementation: str | None = None, n_feature_axes: int = 1
-) -> ScaledTensor:
-    """Quantizes ``x (..., N)`` with ``quantizer`` (every mode and layout of docs/numerics.md
-    §4-§5). ``n_feature_axes`` trailing axes form N (the colwise copy of tensor scaling is
-    ``features + leading``): e.g. 2 for a gated kernel ``(K, 2, N)``, whose colwise copy is
-    then ``(2, N, K)``.
-
-    One pass for DELAYED and MXFP8; CURRENT and NVFP4 take two passes over x (the global amax,
-    then the scaled cast) with nothing else in memory. Returns a ``ScaledTensor``; its
-    ``dequantize()`` gives back x's dtype.
-    """
-    check_input_dtype("te_jax.quantize", jnp.result_type(x))
-    if jnp.ndim(x) < 1:
-        raise ValueError("te_jax.quantize: x must have at least one axis (..., N), got a scalar")
-    if not 1 <= int(n_feature_axes) < jnp.ndim(x) + (0 if jnp.ndim(x) > 1 else 1):
-        raise ValueError(
-            f"te_jax.quantize: n_feature_axes must be between 1 and x's rank - 1 "
-            f"({jnp.ndim(x) - 1}), got {n_feature_axes}"
-        )
-    return quantized_output(
-        "quantize",
-        OpKind.QUANTIZE,
-        (x,),
-        quantizer,
-        implementation=implementation,
-        feature_axes=n_feature_axes,
-    )

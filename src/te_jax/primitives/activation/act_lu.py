@@ -13,7 +13,7 @@ from jax import lax
 from jax.core import ShapedArray
 from jax.interpreters import batching
 
-from te_jax import reference
+from te_jax import activation_reference
 from te_jax._varying import bind
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.primitives import base
@@ -93,8 +93,9 @@ def _act_lu_abstract(x, *, act, params, output_amax):
     return (y, ShapedArray((1,), jnp.float32)) if output_amax else (y,)
 
 
-def _reference(x, *, act, params, output_amax):
-    y = reference.act_lu(x, act, params)
+def reference_results(x, *, act, params, output_amax):
+    """The outer primitive's results in pure JAX: ``[y]``, or ``[y, amax]``."""
+    y = activation_reference.act_lu(x, act, params)
     if not output_amax:
         return [y]
     return [y, base.amax(y)]
@@ -104,7 +105,7 @@ base.register_outer_rules(
     act_lu_p,
     local=lambda x, **p: _kernel(x, **p),
     partitioned=lambda x, **p: _partitioned(x, **p),
-    reference=_reference,
+    reference=reference_results,
 )
 
 

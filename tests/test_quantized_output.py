@@ -128,7 +128,7 @@ def test_fused_equals_quantize_of_the_op(op, mode, q_dtype, layout, dtype, rng):
                     dz, x, act.alias, is_dbias=True, quantizer=q, implementation="ffi"
                 )
             m = y.size // y.shape[-1] // (2 if op != "act_lu" and act.gated else 1)
-            composite = te_jax.quantize(y.reshape(m, -1), q, implementation="ffi")
+            composite = te_jax.quantize.quantize(y.reshape(m, -1), q, implementation="ffi")
             # sum |dx| over the rows bounds the float32 summation error of dbias
             abs_sum = jnp.abs(y.astype(jnp.float32).reshape(m, -1)).sum(0)
             outs.append((fused, composite, fused_dbias, dbias, m, abs_sum))
@@ -156,8 +156,8 @@ def test_fused_equals_quantize_of_the_op(op, mode, q_dtype, layout, dtype, rng):
 @pytest.mark.parametrize("shape", [(64, 96), (2, 3, 32, 64), (32, 32)], ids=str)
 def test_standalone_quantize_equals_reference(mode, q_dtype, shape, rng):
     def both(x, q):
-        got = te_jax.quantize(x, q, implementation="ffi")
-        want = te_jax.quantize(x, q, implementation="xla")
+        got = te_jax.quantize.quantize(x, q, implementation="ffi")
+        want = te_jax.quantize.quantize(x, q, implementation="xla")
         return got, want, got.dequantize(), want.dequantize()
 
     qs = [_quantizer(mode, q_dtype, layout) for layout in LAYOUTS]
@@ -181,8 +181,8 @@ def test_quantize_with_two_feature_axes(mode, q_dtype, rng):
 
     @functools.partial(jax.jit, static_argnums=1)  # one compilation, not one per eager op
     def both(x, impl):
-        got = te_jax.quantize(x, q, implementation=impl, n_feature_axes=2)
-        flat = te_jax.quantize(x.reshape(64, 64), q, implementation=impl)
+        got = te_jax.quantize.quantize(x, q, implementation=impl, n_feature_axes=2)
+        flat = te_jax.quantize.quantize(x.reshape(64, 64), q, implementation=impl)
         return got, flat, got.dequantize(), flat.dequantize()
 
     for impl in ("ffi", "xla"):
@@ -198,14 +198,14 @@ def test_quantize_with_two_feature_axes(mode, q_dtype, rng):
             np.asarray(got_dq, np.float32).reshape(64, 64), np.asarray(flat_dq, np.float32)
         )
     with pytest.raises(ValueError, match="n_feature_axes"):
-        te_jax.quantize(x, q, n_feature_axes=3)
+        te_jax.quantize.quantize(x, q, n_feature_axes=3)
 
 
 @functools.partial(jax.jit, static_argnames="implementation")
 def _quantize(x, q, implementation):
     """One program per (x's shape and dtype, quantizer kind, implementation), whatever the
     values: the special-block inputs of one dtype share it."""
-    return te_jax.quantize(x, q, implementation=implementation)
+    return te_jax.quantize.quantize(x, q, implementation=implementation)
 
 
 def _special_input(kind, dtype):
@@ -333,7 +333,7 @@ def test_quantizer_on_integer_input_is_a_trace_time_error():
     with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
         jax.eval_shape(lambda x: te_jax.act_lu(x, "gelu", quantizer=CurrentScaleQuantizer()), x)
     with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
-        jax.eval_shape(lambda x: te_jax.quantize(x, CurrentScaleQuantizer()), x)
+        jax.eval_shape(lambda x: te_jax.quantize.quantize(x, CurrentScaleQuantizer()), x)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""te_jax.reference: the pure-JAX forms against the float64 oracle, and TE's jit-fused bias
-helpers (bias_<act>, bgrad_d<act>, bias_dropout_add, get_bias_dropout_add)."""
+"""te_jax.activation_reference: the pure-JAX activation ops against the float64 oracle, and
+TE's jit-fused bias helpers (bias_<act>, bgrad_d<act>, bias_dropout_add, get_bias_dropout_add)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from helpers import (
     tol,
 )
 
-ref = te_jax.reference
+ref = te_jax.activation_reference
 CLAMPED = ACT_BY_ALIAS["clamped_swiglu"]
 CUSTOM = te_jax.ActivationParams(
     clamped_swiglu=te_jax.ClampedSwiGLUParams(limit=0.75, alpha=1.5, glu_linear_offset=0.5)
@@ -55,10 +55,10 @@ def test_reference_ops_match_float64_oracle(case, dtype, rng):
     y, y_act, dx, dx_db, dbias = ref_ops(jnp.asarray(x), jnp.asarray(dz), act.names, params)
     y64 = oracle.act_lu(x, act.enum, params)
     dx64 = oracle.dact_lu(dz, x, act.enum, params)
-    assert_matches(y, y64, dtype, act, what="reference.act_lu")
-    assert_matches(y_act, y64, dtype, act, what="reference.activation")
-    assert_matches(dx, dx64, dtype, act, what="reference.dact_lu")
-    assert_matches(dx_db, dx64, dtype, act, what="reference.quantize_dact_dbias")
+    assert_matches(y, y64, dtype, act, what="activation_reference.act_lu")
+    assert_matches(y_act, y64, dtype, act, what="activation_reference.activation")
+    assert_matches(dx, dx64, dtype, act, what="activation_reference.dact_lu")
+    assert_matches(dx_db, dx64, dtype, act, what="activation_reference.quantize_dact_dbias")
     assert_dbias_matches(dbias, dx64, act.gated, dtype, act)
 
 

@@ -7,7 +7,7 @@
 a primitive linear in ``ẋ`` whose **transpose is the fused dact kernel**,
 ``x̄ = dact_dbias(ȳ, x)``. Reverse mode (``grad``, ``vjp``) therefore runs the forward kernel and
 the backward kernel and nothing else; forward mode (``jvp``, ``jacfwd``) evaluates the tangent in
-pure JAX (``te_jax.reference.act_lu_tangent``, the same §1 derivatives).
+pure JAX (``te_jax.activation_reference.act_lu_tangent``, the same §1 derivatives).
 
 ``dact_dbias``, ``(dx, dbias) = (f'(x)·dz, Σ_rows dx)``: linear in ``dz``, not in ``x``. Its JVP
 is ``jax.jvp`` of its pure-JAX reference (``f''`` comes from autodiff of the §1 ``f'`` formulas),
@@ -24,10 +24,11 @@ import jax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from te_jax import reference
+from te_jax import activation_reference
 from te_jax._varying import bind, result_aval
-from te_jax.primitives import base, dact_dbias
-from te_jax.primitives.act_lu import act_lu_p
+from te_jax.primitives import base
+from te_jax.primitives.activation import dact_dbias
+from te_jax.primitives.activation.act_lu import act_lu_p
 
 __all__ = ["act_lu_tangent_p"]
 
@@ -37,7 +38,7 @@ act_lu_tangent_p = Primitive("te_jax_act_lu_tangent")
 
 
 def _tangent(t, x, *, act, params):
-    return reference.act_lu_tangent(t, x, act, params)
+    return activation_reference.act_lu_tangent(t, x, act, params)
 
 
 act_lu_tangent_p.def_impl(_tangent)
@@ -80,7 +81,7 @@ def _tangent_jvp(primals, tangents, *, act, params):
     if type(t_dot) is not ad.Zero:
         parts.append(bind(act_lu_tangent_p, t_dot, x, act=act, params=params))
     if type(x_dot) is not ad.Zero:
-        along_x = lambda x: reference.act_lu_tangent(t, x, act, params)  # noqa: E731
+        along_x = lambda x: activation_reference.act_lu_tangent(t, x, act, params)  # noqa: E731
         parts.append(jax.jvp(along_x, (x,), (x_dot,))[1])
     return out, functools.reduce(lambda a, b: a + b, parts)
 

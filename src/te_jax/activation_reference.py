@@ -1,11 +1,15 @@
-"""Pure-JAX implementations of every te_jax op.
+"""The activation ops in pure JAX: ``act_lu``, ``dact_lu``, ``quantize_dact_dbias``,
+``activation`` and the forward-mode tangent, plus TransformerEngine's jit-fusable bias helpers.
 
-This is the ``implementation="xla"`` path, the fallback on backends without kernels, and the
-oracle the kernels are tested against. Each component function (``"gelu"``, ``"silu"``,
-``"linear"``, ...: the names of ``ActivationType.names``) is defined here once, returning its value
-and derivative (the same pairs as ``ffi/activation/activations.h``), so the derivative at ties
-follows docs/numerics.md §1 (``relu'(0) = 0``, inclusive clamp masks) rather than autodiff's
-conventions. An activation is its components: ``f`` alone, or ``f`` and a linear half.
+This is the ``implementation="xla"`` path of ``te_jax.activation``'s ops (and of the GEMM's
+fused activation epilogues), the fallback on backends without kernels, and what the kernels are
+tested against. Quantization's pure-JAX form is ``te_jax.quantize.reference``.
+
+Each component function (``"gelu"``, ``"silu"``, ``"linear"``, ...: the names of
+``ActivationType.names``) is defined here once, returning its value and derivative (the same
+pairs as ``ffi/activation/activations.h``), so the derivative at ties follows docs/numerics.md
+§1 (``relu'(0) = 0``, inclusive clamp masks) rather than autodiff's conventions. An activation
+is its components: ``f`` alone, or ``f`` and a linear half.
 
 Arithmetic is float32 (float64 for float64 inputs); results are rounded once to the input dtype.
 
@@ -167,7 +171,7 @@ def _components(act: ActivationType) -> list[_Pair]:
 
 def _compute_dtype(dtype) -> jnp.dtype:
     """float32 for the 16-bit and 32-bit inputs, float64 for float64; other dtypes raise."""
-    return jnp.promote_types(check_input_dtype("te_jax.reference", dtype), jnp.float32)
+    return jnp.promote_types(check_input_dtype("te_jax.activation_reference", dtype), jnp.float32)
 
 
 def _resolve(activation_type, act_params) -> tuple[ActivationType, ActivationParams | None]:

@@ -1,4 +1,5 @@
-"""``te_jax.quantize`` is both the quantization package and the public ``quantize`` function."""
+"""``te_jax.quantize.quantize``, the standalone quantize op, and the package's public names (a
+plain module: the op is a function in it, the package itself is not callable)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .cases import E4M3, FIELDS
 
 def test_package_exports():
     for name in (
+        "quantize",
         "ScalingMode",
         "QuantizeLayout",
         "ScaledTensor",
@@ -25,17 +27,18 @@ def test_package_exports():
         "NVFP4Quantizer",
     ):
         assert hasattr(tq, name) and name in tq.__all__
-    assert te_jax.quantize is tq and callable(tq)
+    assert te_jax.quantize is tq and not callable(tq)
+    assert callable(tq.quantize) and tq.quantize.__module__ == "te_jax.quantize.op"
 
 
-def test_calling_the_module_quantizes(rng):
-    """``te_jax.quantize(x, q)`` gives the reference's bits (implementation="xla" and the
+def test_quantize_op_gives_the_reference_bits(rng):
+    """``te_jax.quantize.quantize(x, q)`` gives the reference's bits (implementation="xla" and the
     default, which is the FFI kernel where te_jax has one)."""
     x = jnp.asarray(rng.uniform(-3, 3, (64, 32)).astype(np.float32))
     q = MXFP8Quantizer(E4M3, QuantizeLayout.ROWWISE_COLWISE)
     want = jax.jit(reference.quantize)(x, q)
     for impl in ("xla", None):
-        got = jax.jit(lambda x, q, impl=impl: te_jax.quantize(x, q, implementation=impl))(x, q)
+        got = jax.jit(lambda x, q, impl=impl: tq.quantize(x, q, implementation=impl))(x, q)
         assert isinstance(got, ScaledTensor)
         for name in FIELDS:
             g, w = getattr(got, name), getattr(want, name)

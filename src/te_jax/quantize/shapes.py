@@ -1,10 +1,11 @@
-"""Where the blocks and the transpose fall, the output shapes, and input validation.
+"""The shapes a quantization writes (its scales' per mode and layout) and the checks of a
+quantize input against them (dtype, rank, block divisibility).
 
 A tensor of shape ``leading + features`` is viewed as the flattened 2-D ``[M, N]``
 (docs/numerics.md §5), ``M = prod(leading)``, ``N = prod(features)``; ``features`` is the last
 ``n_feature_axes`` axes: 1 for ``act_lu`` outputs and plain tensors, 2 for a gated ``dact``
-output ``(..., 2, H)``. The block and transpose helpers are ``geometry``'s, the shapes each
-mode's (``ScalingMode.X.impl.shapes``).
+output ``(..., 2, H)``. Where the blocks and the transpose fall is ``geometry``'s, the shapes
+each mode's (``ScalingMode.X.impl.shapes``); this module asks them for a given input.
 
 * Tensor scaling, colwise: the transpose ``[N, M]``, stored as ``features + leading`` (``(B, T, H)``
   -> ``(H, B, T)``; ``(B, T, 2, H)`` with 2 feature axes -> ``(2, H, B, T)``).
@@ -24,22 +25,12 @@ import numpy as np
 
 from te_jax.dispatch import check_input_dtype
 from te_jax.quantize import formats
-from te_jax.quantize.geometry import (
-    Geometry,
-    block_axis,
-    block_scale_shape,
-    colwise_perm,
-    split_blocks,
-)
+from te_jax.quantize.geometry import Geometry, block_axis
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import Quantizer
 from te_jax.quantize.scaling_modes import ScalingMode
 
 __all__ = [
-    "block_axis",
-    "colwise_perm",
-    "block_scale_shape",
-    "split_blocks",
     "scale_shapes",
     "check_geometry",
     "check_quantize_input",
