@@ -29,12 +29,11 @@ TE_HD float exp(float x) {
 // t * Q(t) a degree-8 fit of log2(erfc(t)) (tools/fit_host_math.py, which also evaluates this
 // float32 form against double erf: max absolute error 9.2e-8 over every 61st float32 in
 // [0, 4.5]); exp2f adds at most 2 ulps of 2^(t * Q(t)) <= 1, and kernel_test measures the whole
-// on the device (1.36e-7 on the H100). erf(0) is exactly 0 (the fit has no constant term),
+// on the device against double. erf(0) is exactly 0 (the fit has no constant term),
 // erf(+-inf) = +-1, erf(NaN) = NaN. CUDA's erff (1 ulp) selected its 7 coefficients per value
-// between two ranges and branched to exp2 for |x| >= 1, which diverged in most warps: the exact
-// GeGLU forward ran at 0.94x XLA's fusion on the H100 (48.6 instructions per element against
-// XLA's 39.8, docs/performance.md). Only GELU-erf uses it, as 0.5 * (1 + erf(x / sqrt 2)), where
-// docs/numerics.md §7 allows 2e-5.
+// between two ranges and branched to exp2 for |x| >= 1, which diverged in most warps and left the
+// exact GeGLU forward behind XLA's own fusion (more instructions per element; docs/performance.md).
+// Only GELU-erf uses it, as 0.5 * (1 + erf(x / sqrt 2)), where docs/numerics.md §7 allows 2e-5.
 TE_HD float erf(float x) {
 #if defined(__CUDA_ARCH__)
   // Q0..Q7, as tools/fit_host_math.py prints them (kErfDevice).
@@ -57,7 +56,7 @@ TE_HD float erf(float x) {
 // and __fdividef (rcp.approx, then a multiply). The relative error is a few float32 ulps plus
 // about 2|x| ulps from rounding x * log2(e) (kernel_test measures it against float64 over the
 // whole range), far inside docs/numerics.md §7's 1e-5. The correctly rounded pair
-// (expf, __frcp_rn) makes the GELU-based kernels instruction-bound on the H100
+// (expf, __frcp_rn) makes the GELU-based kernels instruction-bound rather than memory-bound
 // (docs/performance.md).
 TE_HD float sigmoid(float x) {
 #if defined(__CUDA_ARCH__)

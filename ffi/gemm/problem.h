@@ -37,6 +37,9 @@ struct GemmProblem {
   bool lhs_trans = false, rhs_trans = false;
   GemmEpilogue epilogue = GemmEpilogue::DEFAULT;
   bool grad_bias = false, split_accumulator = true;
+  // Take cuBLASLt's first heuristic choice untimed, so the algorithm (and the bits) are the same
+  // in every process (gemm/NOTES.md, "Deterministic GEMMs").
+  bool deterministic = false;
 
   const void* lhs = nullptr;
   const void* rhs = nullptr;
@@ -74,6 +77,7 @@ inline std::string GemmProblem::describe() const {
                   " K=" + std::to_string(k) + ", epilogue " +
                   std::to_string(static_cast<int64_t>(epilogue));
   if (bias) s += ", bias";
+  if (deterministic) s += ", deterministic";
   return s;
 }
 
@@ -106,16 +110,16 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
                               ffi::AnyBuffer bias, ffi::AnyBuffer aux_in,
                               ffi::AnyBuffer lhs_scale_inv, ffi::AnyBuffer rhs_scale_inv,
                               ffi::AnyBuffer* out, ffi::AnyBuffer* aux_out,
-                              ffi::AnyBuffer* dbias, ffi::AnyBuffer* amax,
-                              ffi::AnyBuffer* workspace, bool lhs_trans, bool rhs_trans,
-                              GemmEpilogue epilogue, bool grad_bias, bool output_amax,
-                              bool split_accumulator, const char* op) {
+                              ffi::AnyBuffer* dbias, ffi::AnyBuffer* workspace, bool lhs_trans,
+                              bool rhs_trans, GemmEpilogue epilogue, bool grad_bias,
+                              bool split_accumulator, bool deterministic, const char* op) {
   using detail::absent;
   p.lhs_type = lhs.element_type();
   p.rhs_type = rhs.element_type();
   p.out_type = out->element_type();
   p.lhs_trans = lhs_trans, p.rhs_trans = rhs_trans, p.epilogue = epilogue;
   p.grad_bias = grad_bias, p.split_accumulator = split_accumulator;
+  p.deterministic = deterministic;
 
   const bool fp8 = GemmProblem::is_fp8(p.lhs_type);
   if (fp8) {
@@ -140,10 +144,6 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
                              gemm_dtype_name(p.lhs_type) + ", " + gemm_dtype_name(p.rhs_type) +
                              ", " + gemm_dtype_name(p.out_type));
   }
-  if (output_amax)
-    return invalid(op, "output_amax: cuBLASLt computes AMAX_D only for FP8 outputs, and "
-                       "te_jax_gemm's outputs are float32, bfloat16 or float16 (te_jax's GEMM "
-                       "primitive reduces the output instead)");
 
   int64_t lb, lr, lc, rb, rr, rc, ob, orow, ocol;
   if (!detail::matrix_dims(lhs, lb, lr, lc) || !detail::matrix_dims(rhs, rb, rr, rc) ||
@@ -217,7 +217,6 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
   } else if (dbias->element_count() != 0) {
     return invalid(op, "dbias must be empty unless grad_bias");
   }
-  if (amax->element_count() != 0) return invalid(op, "amax must be empty (shape (0,))");
   if (lhs_scale_inv.element_type() != ffi::DataType::F32 || lhs_scale_inv.element_count() != 1 ||
       rhs_scale_inv.element_type() != ffi::DataType::F32 || rhs_scale_inv.element_count() != 1)
     return invalid(op, "lhs_scale_inv and rhs_scale_inv must be float32 (1,)");

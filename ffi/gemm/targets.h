@@ -7,12 +7,13 @@
 //         with rhs_trans; bias (N,) in out's dtype or (0,); aux_in (B?, M, N) (DGELU) or (0,);
 //         lhs_scale_inv f32[1]; rhs_scale_inv f32[1] (FP8 dequantization scales; 1 otherwise)
 //   rets  out (B?, M, N); aux_out (B?, M, N) for GELU_AUX or (0,); dbias (N,) for grad_bias or
-//         (0,); amax (0,) (cuBLASLt computes AMAX_D only for FP8 outputs: output_amax
-//         is rejected, te_jax.primitives.gemm reduces the output); workspace u8[bytes]
-//   attrs lhs_trans, rhs_trans (bool), epilogue (GemmEpilogue, int64), grad_bias, output_amax,
-//         split_accumulator (bool)
+//         (0,); workspace u8[bytes]
+//   attrs lhs_trans, rhs_trans (bool), epilogue (GemmEpilogue, int64), grad_bias,
+//         split_accumulator, deterministic (bool)
 // Operands are f32 / bf16 / f16 (out the same dtype) or FP8 (E4M3 x E4M3, E4M3 x E5M2,
 // E5M2 x E4M3; out f32 / bf16 / f16) in the TN form: lhs (M, K), rhs stored (N, K).
+// `deterministic` takes cuBLASLt's first heuristic choice instead of timing candidates: the same
+// bits in every process (gemm/NOTES.md). An amax of the output is the caller's to reduce.
 #pragma once
 
 #include "common/handler.h"
@@ -41,27 +42,26 @@ struct Gemm {
         .template Ret<ffi::AnyBuffer>()  // out
         .template Ret<ffi::AnyBuffer>()  // aux_out
         .template Ret<ffi::AnyBuffer>()  // dbias
-        .template Ret<ffi::AnyBuffer>()  // amax
         .template Ret<ffi::AnyBuffer>()  // workspace
         .template Attr<bool>("lhs_trans")
         .template Attr<bool>("rhs_trans")
         .template Attr<GemmEpilogue>("epilogue")
         .template Attr<bool>("grad_bias")
-        .template Attr<bool>("output_amax")
-        .template Attr<bool>("split_accumulator");
+        .template Attr<bool>("split_accumulator")
+        .template Attr<bool>("deterministic");
   }
 
   template <class Backend, ffi::ExecutionStage S>
   static ffi::Error impl(ContextArg<Backend> ctx, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                          ffi::AnyBuffer bias, ffi::AnyBuffer aux_in,
                          ffi::AnyBuffer lhs_scale_inv, ffi::AnyBuffer rhs_scale_inv, Ret out,
-                         Ret aux_out, Ret dbias, Ret amax, Ret workspace, bool lhs_trans,
-                         bool rhs_trans, GemmEpilogue epilogue, bool grad_bias, bool output_amax,
-                         bool split_accumulator) {
+                         Ret aux_out, Ret dbias, Ret workspace, bool lhs_trans, bool rhs_trans,
+                         GemmEpilogue epilogue, bool grad_bias, bool split_accumulator,
+                         bool deterministic) {
     GemmProblem p;
     if (auto e = decode_gemm(p, lhs, rhs, bias, aux_in, lhs_scale_inv, rhs_scale_inv, &*out,
-                             &*aux_out, &*dbias, &*amax, &*workspace, lhs_trans, rhs_trans,
-                             epilogue, grad_bias, output_amax, split_accumulator, kName);
+                             &*aux_out, &*dbias, &*workspace, lhs_trans, rhs_trans, epilogue,
+                             grad_bias, split_accumulator, deterministic, kName);
         e.failure()) {
       return e;
     }

@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads, kDbiasBlocksPerSm<Spec>)
 
 // Pipeline of the non-gated 16-byte path: kAsyncStages rows per thread in shared memory (4 of them
 // in flight, 128 bytes per thread; 40 KB per block), registers capped for kAsyncBlocksPerSm blocks
-// per SM: on an H100 it beat the register kernel (2 rows, 64 bytes per thread in flight, 3 blocks
-// per SM) and other stage / block counts. For gated problems the register kernel (2 blocks per
+// per SM: it beat the register kernel (2 rows, 64 bytes per thread in flight, 3 blocks per SM)
+// and other stage / block counts when timed. For gated problems the register kernel (2 blocks per
 // SM, 96 bytes per thread) was faster than this pipeline, so it stays on that path.
 constexpr int kAsyncStages = 5;
 constexpr int kAsyncBlocksPerSm = 3;

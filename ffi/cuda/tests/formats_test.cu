@@ -4,7 +4,7 @@
 //   - to_e4m3 / to_e5m2 / to_e2m1, the x2 forms and e8m0_exponent / e8m0_biased (q_max 448 and
 //     57344) for every float32 bit pattern, in chunks of 2^28: the host computes the expected
 //     codes (all cores), the device compares. E4M3/E5M2 are also run through the portable code on
-//     the device (what the compute_80 PTX runs), so both device paths are covered on an H100.
+//     the device (what the compute_80 PTX runs), so both device paths are covered on sm_89+.
 //   - from_* for every byte.
 //   - mul_pow2 for ~1M y (a stride over all bit patterns plus edge cases) and every k in
 //     [-252, 252]: equal to the host bits (any NaN for NaN), and correctly rounded wherever

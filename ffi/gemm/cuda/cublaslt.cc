@@ -67,6 +67,7 @@ Loaded load() {
   resolve(lib, "cublasLtMatmulPreferenceInit_internal", lt.pref_init, &missing);
   resolve(lib, "cublasLtMatmulPreferenceSetAttribute", lt.pref_set, &missing);
   resolve(lib, "cublasLtMatmulAlgoGetHeuristic", lt.heuristic, &missing);
+  resolve(lib, "cublasLtMatmulAlgoConfigGetAttribute", lt.algo_config_get, &missing);
   if (!missing.empty()) {
     r.error = "the loaded cuBLASLt lacks " + missing;
     return r;

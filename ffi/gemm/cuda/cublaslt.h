@@ -22,6 +22,7 @@ struct CublasLt {
   decltype(&cublasLtMatmulPreferenceInit_internal) pref_init;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmulAlgoConfigGetAttribute) algo_config_get;
 };
 
 // The loaded library (loaded on first call, thread-safe), or nullptr with `error` saying what

@@ -6,8 +6,9 @@
 //
 // Descriptors live on the stack (the *Init functions: no allocation); the algorithm comes from a
 // cache filled by the initialize stage, which times cuBLASLt's heuristic candidates for large
-// problems into outputs of its own (execute queries, untimed, only if a problem was never
-// initialized, e.g. buffers of another alignment); the workspace is the call's own output buffer.
+// problems into outputs of its own unless the call is deterministic (execute queries, untimed,
+// only if a problem was never initialized, e.g. buffers of another alignment); the workspace is
+// the call's own output buffer.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -79,11 +80,12 @@ struct AlgoKey {
   bool bias, fast_accum;
   size_t workspace_bytes;
   uint32_t align_lhs, align_rhs, align_out;
+  bool deterministic;  // never served a timed choice, nor serves its untimed one to others
 
   auto tie() const {
     return std::tie(device, lhs_type, rhs_type, out_type, batch, m, n, k, lhs_trans, rhs_trans,
                     epilogue, bias, fast_accum, workspace_bytes, align_lhs, align_rhs,
-                    align_out);
+                    align_out, deterministic);
   }
   bool operator<(const AlgoKey& o) const { return tie() < o.tie(); }
 };
@@ -180,15 +182,42 @@ AlgoKey key_of(int device, const GemmProblem& p) {
                  static_cast<int>(p.out_type), p.batch, p.m, p.n, p.k, p.lhs_trans, p.rhs_trans,
                  static_cast<int>(lt_epilogue(p)), p.bias != nullptr,
                  !p.split_accumulator, p.workspace_bytes, alignment(p.lhs), alignment(p.rhs),
-                 alignment(p.out)};
+                 alignment(p.out), p.deterministic};
 }
 
-// Problems with fewer multiply-adds than this take cuBLASLt's first heuristic choice untimed.
+// The split-K reductions any algorithm may use: none, or float32 partial sums kept in the
+// workspace and summed by a separate step (the product is rounded once, docs/numerics.md §8, and
+// no two splits race). Never OUTPUT_TYPE (partial sums rounded to out's dtype) nor INPLACE:
+// splits added into out itself, in its dtype, where cuBLASLt's counters only serialize the
+// additions, promising no fixed order, so the bits need not repeat from run to run.
+constexpr uint32_t kReductionSchemes =
+    CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+static_assert((kReductionSchemes & (CUBLASLT_REDUCTION_SCHEME_INPLACE |
+                                    CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)) == 0,
+              "deterministic GEMMs rely on every allowed reduction being reproducible");
+
+// Whether an algorithm's split-K reduction is one of kReductionSchemes. The preference mask
+// already asks cuBLASLt for that; a deterministic call checks the answer too. An algorithm whose
+// configuration cannot be read is taken on the mask's word.
+bool allowed_reduction(const CublasLt& lt, const cublasLtMatmulAlgo_t& algo) {
+  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  if (lt.algo_config_get(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme),
+                         &written) != CUBLAS_STATUS_SUCCESS)
+    return true;
+  return (scheme & ~kReductionSchemes) == 0;
+}
+
+// Problems with fewer multiply-adds than this take cuBLASLt's first heuristic choice untimed (as
+// deterministic calls do whatever their size).
 constexpr double kTimedFlops = double(1 << 30);
 // Up to candidates() algorithms, each timed over kTimedRuns back-to-back runs in each of kRounds
 // interleaved rounds (its best round counts), after kWarmupRuns untimed runs that bring the clocks
 // up from the idle of compilation: interleaving keeps a clock ramp from favouring later candidates.
 constexpr int kMaxCandidates = 64, kTimedRuns = 3, kRounds = 3, kWarmupRuns = 10;
+// How many heuristic answers a deterministic call reads, to skip any whose reduction is not
+// allowed: a fixed number, so every process reads the same list.
+constexpr int kDeterministicCandidates = 8;
 
 // How many of cuBLASLt's heuristic candidates a large problem times: 8, or
 // TE_JAX_GEMM_CANDIDATES (1 to 64; 1 takes the heuristic's first choice untimed).
@@ -275,7 +304,8 @@ int fastest(const CublasLt& lt, cublasLtHandle_t handle, const GemmProblem& p, D
 }
 
 // This problem's algorithm: cuBLASLt's heuristic candidates, timed where `may_time` (the
-// initialize stage, outside graph capture) and the problem is large, else the first.
+// initialize stage, outside graph capture), the problem is large and the call not deterministic,
+// else the first (for a deterministic call, the first whose reduction is allowed).
 ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle,
                      const GemmProblem& p, const AlgoKey& key, Descriptors& ds,
                      cudaStream_t stream, bool may_time, cublasLtMatmulAlgo_t* algo) {
@@ -290,16 +320,26 @@ ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_lhs), "set ALIGNMENT_B");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out), "set ALIGNMENT_C");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out), "set ALIGNMENT_D");
-  // Split-K partial sums stay in float32 (never rounded to the output's dtype in between): the
-  // product is accumulated in float32 and rounded once (docs/numerics.md §8).
-  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions), "set REDUCTION_SCHEME");
+  TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, kReductionSchemes),
+            "set REDUCTION_SCHEME");
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
   int found = 0;
-  const bool timed = may_time && double(p.batch) * p.m * p.n * p.k >= kTimedFlops;
-  TE_JAX_LT(lt.heuristic(handle, &ds.op, &ds.a, &ds.b, &ds.c, &ds.d, &pref,
-                         timed ? candidates() : 1, results, &found),
+  const bool timed =
+      may_time && !p.deterministic && double(p.batch) * p.m * p.n * p.k >= kTimedFlops;
+  const int asked = p.deterministic ? kDeterministicCandidates : (timed ? candidates() : 1);
+  TE_JAX_LT(lt.heuristic(handle, &ds.op, &ds.a, &ds.b, &ds.c, &ds.d, &pref, asked, results,
+                         &found),
             "MatmulAlgoGetHeuristic");
+  if (p.deterministic) {
+    for (int i = 0; i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS && allowed_reduction(lt, results[i].algo)) {
+        *algo = results[i].algo;
+        return ffi::Error::Success();
+      }
+    }
+    return ffi::Error::Internal(std::string(op) + ": cuBLASLt has no algorithm with a "
+                                "reproducible reduction for " + p.describe());
+  }
   if (found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS)
     return ffi::Error::Internal(std::string(op) + ": cuBLASLt has no algorithm for " +
                                 p.describe());

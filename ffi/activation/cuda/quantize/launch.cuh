@@ -117,7 +117,7 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
   // counted from the code: a few percent of one row tile's work); never fewer than 4096 blocks,
   // so that the last wave's idle SMs do not show. The tensor-scaled transposed store keeps one
   // row tile per block: there the blocks that run together should write neighbouring 32-row
-  // pieces of each colwise row. Both measured on the H100: NOTES.md, "The ALU pipe".
+  // pieces of each colwise row. Both chosen by timing the alternatives: NOTES.md, "The ALU pipe".
   uint64_t gy_max = 65535;
   if constexpr (M == QuantEmit::MXFP8 || M == QuantEmit::NVFP4) {
     const uint64_t blocks = std::max<uint64_t>((col_tiles * row_tiles * batches + 7) / 8, 4096);
