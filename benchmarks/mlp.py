@@ -135,7 +135,7 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
             use_bias=True,
             recipe=_recipe(te_jax, prec),
             return_layernorm_output=False,
-            gelu_backward=_gelu_backward(prec),
+            **({} if prec in ("bf16", "delayed", "current") else {"gelu_backward": _gelu_backward(prec)}),
         )
         state = jax.tree.map(lambda a: a, m.init(key, x0))
 
