@@ -10,11 +10,7 @@ Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GE
 parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
-jitted, default XLA flags. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with the GELU
-backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (dbias_1 a float32
-sum of dh), ``te_linen:bf16_dgelu_bgrad`` with dbias_1 in the epilogue too (DGELU_BGRAD): A/B
-rows of that fusion, off by default; the same as ``te_linen:bf16`` where te_jax's GEMM does
-not run. Every row computes the same step: ``out = block(x)``, the loss ``sum(out · dy)`` and
+jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, the loss ``sum(out · dy)`` and
 its gradients with respect to x, every parameter and (FP8 rows) the FP8 state, whose
 "gradient" is the next state.
 
@@ -57,8 +53,6 @@ ROWS = (
     "flax:bf16",
     "flax:fp8_ops",
     "te_linen:bf16",
-    "te_linen:bf16_dgelu",
-    "te_linen:bf16_dgelu_bgrad",
     "te_linen:delayed",
     "te_linen:current",
     "te_nnx:bf16",
@@ -79,8 +73,6 @@ WANTED = {
 def _recipe(te_jax, name: str):
     return {
         "bf16": None,
-        "bf16_dgelu": None,
-        "bf16_dgelu_bgrad": None,
         "delayed": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
     }[name]
@@ -107,13 +99,6 @@ def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
     return FlaxMLP()
 
 
-def _gelu_backward(prec: str) -> str:
-    """te_jax.fused_mlp's ``gelu_backward`` for a te_linen row: a separate dact pass
-    (``te_linen:bf16``, the default), the dgrad GEMM's DGELU epilogue with dbias_1 summed from dh
-    (``te_linen:bf16_dgelu``) or in the epilogue too (``te_linen:bf16_dgelu_bgrad``)."""
-    return {"bf16_dgelu": "dgelu", "bf16_dgelu_bgrad": "dgelu_bgrad"}.get(prec, "dact")
-
-
 def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
     """``(state, step)``: ``step(state, x, dy)`` returns ``sum(block(x) · dy)`` and its
     gradients with respect to (state, x); ``state`` holds the parameters and any FP8 state."""
@@ -135,7 +120,6 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
             use_bias=True,
             recipe=_recipe(te_jax, prec),
             return_layernorm_output=False,
-            **({} if prec in ("bf16", "delayed", "current") else {"gelu_backward": _gelu_backward(prec)}),
         )
         state = jax.tree.map(lambda a: a, m.init(key, x0))
 

@@ -1,7 +1,7 @@
-"""The functional layers the Flax modules wrap (``te_jax.flax`` for Linen, ``te_jax.nnx``).
+"""The functional layers under the Flax modules (``te_jax.flax`` for Linen, ``te_jax.nnx``).
 
-One home for what the Linen and NNX modules share, so both compute the same thing from the same
-parameters:
+The math under the modules' specs (``te_jax.module_specs``, one per module, which both the
+Linen and the NNX module call), so both compute the same thing from the same parameters:
 
 * ``dense_general``: ``te_jax.dense`` over any set of x's axes and any output shape;
 * ``layernorm_mlp``: ``norm → dense(kernel_1, bias_1, act) → dropout → dense(kernel_2, bias_2)``
@@ -25,9 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import te_jax
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
-from te_jax.linear.dense import dense
-from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.normalization import layernorm
 from te_jax.recipe import QuantizerSet, Recipe
 from te_jax.sequence_parallel import gather_sequence, split_sequence
@@ -264,7 +263,7 @@ def dense_general(
         kernel_axes = None  # the folded axis has no single name
         if bias is not None:
             bias = jnp.reshape(bias, (2, math.prod(features)))
-    y = dense(
+    y = te_jax.dense(
         x,
         kernel,
         bias,
@@ -327,7 +326,7 @@ def layernorm_mlp(
     # it whole (all-gather) and give their output back split (reduce-scatter).
     h_in = gather_sequence(ln_out)
     if dropout is None:
-        out = fused_mlp(
+        out = te_jax.fused_mlp(
             h_in,
             kernel_1,
             kernel_2,
@@ -341,7 +340,7 @@ def layernorm_mlp(
         )
         return split_sequence(out), ln_out
     # Dropout sits between the GEMMs: two dense calls around it.
-    h = dense(
+    h = te_jax.dense(
         h_in,
         kernel_1,
         bias_1,
@@ -351,7 +350,7 @@ def layernorm_mlp(
         implementation=implementation,
         kernel_axes=kernel_axes[0],
     )
-    out = dense(
+    out = te_jax.dense(
         dropout(h),
         kernel_2,
         bias_2,
