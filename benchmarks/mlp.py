@@ -10,9 +10,9 @@ Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GE
 parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
-jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, the loss ``sum(out · dy)`` and
-its gradients with respect to x, every parameter and (FP8 rows) the FP8 state, whose
-"gradient" is the next state.
+jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, the loss
+``sum(out · dy)`` and its gradients with respect to x, every parameter and (FP8 rows) the FP8
+state, whose "gradient" is the next state.
 
 Per row: ms per step (median of ``--reps`` samples of ``--target-ms``; samples of all rows
 interleaved, each after ``--settle-ms`` of untimed steps of its own row, because the step holds
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
 import os
 import platform
@@ -265,8 +264,8 @@ def _norm_quantize_fns(rows: list[str], te_jax) -> dict:
     """The FP8 step's quantize pass over the norm's output (``(tokens, hidden)`` bf16, both
     copies; current scaling's amax pass included), timed alone: the pass a fused norm +
     quantize kernel would remove."""
-    from te_jax.quantize.quantize_layout import QuantizeLayout
     from te_jax.quantize import quantize
+    from te_jax.quantize.quantize_layout import QuantizeLayout
 
     fns = {}
     for prec in ("delayed", "current"):
