@@ -4,8 +4,8 @@ By default the CUDA GEMM handler times cuBLASLt's candidate algorithms for probl
 2^30 multiply-adds and keeps the fastest, which can differ from one process to the next (and so
 can the bits). The deterministic switch takes the heuristic's first choice untimed
 (ffi/gemm/NOTES.md, "Deterministic GEMMs"). Each case runs one script in three fresh processes
-at once (all on the one GPU, which also makes a timed choice likelier to differ), with shapes
-above that threshold, and compares the SHA-256 of every output's bytes: a bf16 dense with bias
+at once, sharing the GPU, with shapes above that threshold, and compares the SHA-256 of every
+output's bytes (and the updated delayed-scaling state): a bf16 dense with bias
 and GELU (the GELU_AUX and DGELU + dbias epilogues) forward and backward, and an FP8 one under
 delayed scaling. Only public API, so the script keeps working as the Python side changes.
 """
