@@ -25,12 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import te_jax
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
-from te_jax.dense import dense
-from te_jax.fused_mlp import fused_mlp
 from te_jax.normalization import layernorm
 from te_jax.recipe import QuantizerSet, Recipe
-from te_jax.sharding import gather_sequence, split_sequence
 
 __all__ = [
     "resolve_activation",
@@ -264,7 +262,7 @@ def dense_general(
         kernel_axes = None  # the folded axis has no single name
         if bias is not None:
             bias = jnp.reshape(bias, (2, math.prod(features)))
-    y = dense(
+    y = te_jax.dense(
         x,
         kernel,
         bias,
@@ -325,9 +323,9 @@ def layernorm_mlp(
         )
     # Sequence parallelism: the block's input arrives split along the sequence; the GEMMs take
     # it whole (all-gather) and give their output back split (reduce-scatter).
-    h_in = gather_sequence(ln_out)
+    h_in = te_jax.sharding.gather_sequence(ln_out)
     if dropout is None:
-        out = fused_mlp(
+        out = te_jax.fused_mlp(
             h_in,
             kernel_1,
             kernel_2,
@@ -339,9 +337,9 @@ def layernorm_mlp(
             implementation=implementation,
             kernel_axes=kernel_axes,
         )
-        return split_sequence(out), ln_out
+        return te_jax.sharding.split_sequence(out), ln_out
     # Dropout sits between the GEMMs: two dense calls around it.
-    h = dense(
+    h = te_jax.dense(
         h_in,
         kernel_1,
         bias_1,
@@ -351,7 +349,7 @@ def layernorm_mlp(
         implementation=implementation,
         kernel_axes=kernel_axes[0],
     )
-    out = dense(
+    out = te_jax.dense(
         dropout(h),
         kernel_2,
         bias_2,
@@ -359,4 +357,4 @@ def layernorm_mlp(
         implementation=implementation,
         kernel_axes=kernel_axes[1],
     )
-    return split_sequence(out), ln_out
+    return te_jax.sharding.split_sequence(out), ln_out

@@ -1,8 +1,9 @@
 """Linen modules: ``DenseGeneral``, ``LayerNorm``, ``LayerNormDenseGeneral``, ``LayerNormMLP``.
 
-Each wraps a function of ``te_jax.layers`` (the same one the NNX modules wrap) and declares its
-parameters with logical axis names (``nn.with_logical_partitioning``), so a mesh and logical
-axis rules shard them without touching the module.
+Each module makes its spec (``te_jax.module_specs``, the one the NNX module of the same name
+makes) from its fields and its input's feature sizes, declares the parameters the spec
+describes, with their logical axis names (``nn.with_logical_partitioning``, so a mesh and
+logical axis rules shard them without touching the module), and calls the spec's ``apply``.
 
 **Dtypes.** Parameters are stored in ``param_dtype`` (float32 by default). The computation runs
 in ``dtype``, or, when ``dtype`` is ``None``, in the input's dtype (as TransformerEngine's
@@ -12,6 +13,7 @@ float32): parameters are cast to it, and the output has it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +24,13 @@ import jax.numpy as jnp
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
 from te_jax.flax.fp8_state import FP8_COLLECTION, quantizer_set
-from te_jax.normalization import check_norm_type, layernorm
+from te_jax.module_specs import (
+    DenseGeneralSpec,
+    LayerNormDenseGeneralSpec,
+    LayerNormMLPSpec,
+    LayerNormSpec,
+    ParamSpec,
+)
 from te_jax.recipe import QuantizerSet, Recipe
 
 __all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
@@ -31,11 +39,19 @@ Initializer = Callable[..., jax.Array]
 _KERNEL_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
 
-def _param(module: nn.Module, name: str, init: Initializer, axes, shape, dtype, where: str):
-    """``module.param`` with logical axis names ``axes`` (``None``: no names); variables given
+# The fields' names in messages about sizes the input fixes (the NNX modules' arguments).
+_FROM_INPUT = "the input's feature axes"
+
+
+def _settings(module: nn.Module, spec_cls) -> dict:
+    """The module's fields the spec is made from (``spec_cls.settings()``: the same names)."""
+    return {name: getattr(module, name) for name in spec_cls.settings()}
+
+
+def _param(module: nn.Module, spec: ParamSpec, where: str):
+    """``module.param`` as ``spec`` describes it, with its logical axis names; variables given
     that do not fit this module (another shape, or none) are a te_jax error naming the fix."""
-    shape = tuple(shape)
-    layers.check_dtype(where, "param_dtype", dtype)
+    name, shape = spec.name, spec.shape
     if module.has_variable("params", name):
         have = _stored_shape(module, name)
         if have != shape:
@@ -51,9 +67,15 @@ def _param(module: nn.Module, name: str, init: Initializer, axes, shape, dtype, 
             "from a module with other fields (use_bias, enable_layernorm, layernorm_type...); "
             "build the module as it was when initialized, or initialize it again (module.init)"
         )
-    if axes is not None:
-        init = nn.with_logical_partitioning(init, axes)
-    return module.param(name, init, shape, dtype)
+    init = spec.init
+    if spec.axes is not None:
+        init = nn.with_logical_partitioning(init, spec.axes)
+    return module.param(name, init, shape, spec.dtype)
+
+
+def _declare(module: nn.Module, spec, where: str) -> dict:
+    """Every parameter of ``spec`` declared in ``module``'s scope, by name."""
+    return {p.name: _param(module, p, where) for p in spec.params()}
 
 
 def _stored_shape(module: nn.Module, name: str) -> tuple[int, ...]:
@@ -79,18 +101,11 @@ def _check_input(module, where: str, x_shape, axes, param: str) -> None:
         )
 
 
-def _compute_dtype(where: str, dtype, x):
-    return layers.compute_dtype(where, dtype, x)
-
-
-def _norm_input(module, where: str, inputs, param: str):
-    """A normed module's input ``(..., H)`` in the compute dtype, its feature axis checked
-    against ``param``'s (when the variables exist)."""
+def _norm_input(where: str, inputs) -> jax.Array:
+    """A normed module's input ``(..., H)`` as an array (the spec casts it)."""
     x = jnp.asarray(inputs)
-    x = x.astype(_compute_dtype(where, module.dtype, x))
     if x.ndim == 0:
         raise ValueError(f"{where}: the input must have a feature axis (..., H), got a scalar")
-    _check_input(module, where, x.shape, (x.ndim - 1,), param)
     return x
 
 
@@ -105,6 +120,11 @@ def _quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str, where: s
     ):
         raise ValueError(_missing_fp8_state(module, recipe, names[0], where))
     return quantizer_set(module, recipe, gemm)
+
+
+def _quantizer_sets(module: nn.Module, spec, where: str) -> dict:
+    """One ``QuantizerSet`` per GEMM of ``spec``, by its name."""
+    return {g: _quantizer_set(module, spec.recipe, g, where) for g in spec.gemms}
 
 
 def _missing_fp8_state(module: nn.Module, recipe: Recipe, name: str, where: str) -> str:
@@ -137,50 +157,8 @@ def _missing_fp8_state(module: nn.Module, recipe: Recipe, name: str, where: str)
     return f"{head} the variables given hold no {name!r} (at {path}): {no_recipe}"
 
 
-def _kernel(module, name, init, axes, shape, n_in, gated, param_dtype, where):
-    """A kernel parameter initialised by ``layers.init_kernel`` (fan-in over the contracted
-    axes, gated halves separately)."""
-
-    def kernel_init(key, shape, dtype):
-        return layers.init_kernel(init, key, shape, n_in, gated, dtype)
-
-    return _param(module, name, kernel_init, axes, shape, param_dtype, where)
-
-
-class _NormParams:
-    """The norm's parameters of a Linen module with the norm fields (``scale``, ``ln_bias``)."""
-
-    @staticmethod
-    def create(module, hidden: int, where: str):
-        kind = check_norm_type(where, module.layernorm_type)
-        scale_init = module.scale_init or (
-            nn.initializers.zeros if module.zero_centered_gamma else nn.initializers.ones
-        )
-        gamma = _param(
-            module,
-            "scale",
-            scale_init,
-            layers.fit_axes(where, module.scale_axes, (hidden,), False),
-            (hidden,),
-            module.param_dtype,
-            where,
-        )
-        beta = None
-        if kind == "layernorm":
-            beta = _param(
-                module,
-                "ln_bias",
-                module.ln_bias_init,
-                layers.fit_axes(where, module.ln_bias_axes, (hidden,), False),
-                (hidden,),
-                module.param_dtype,
-                where,
-            )
-        return gamma, beta
-
-
 class LayerNorm(nn.Module):
-    """LayerNorm or RMSNorm over the last axis (``te_jax.normalization.layernorm``).
+    """LayerNorm or RMSNorm over the last axis (``te_jax.module_specs.LayerNormSpec``).
 
     Parameters: ``scale (H,)`` (``γ - 1`` with ``zero_centered_gamma``) and, for
     ``"layernorm"``, ``ln_bias (H,)``.
@@ -200,20 +178,17 @@ class LayerNorm(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., H)`` → ``(..., H)`` in the compute dtype."""
         where = "te_jax.flax.LayerNorm"
-        x = _norm_input(self, where, x, "scale")
-        gamma, beta = _NormParams.create(self, x.shape[-1], where)
-        return layernorm(
-            x,
-            gamma,
-            beta,
-            layernorm_type=self.layernorm_type,
-            zero_centered_gamma=self.zero_centered_gamma,
-            epsilon=self.epsilon,
+        x = _norm_input(where, x)
+        spec = LayerNormSpec.create(
+            where, x.shape[-1], _FROM_INPUT, **_settings(self, LayerNormSpec)
         )
+        _check_input(self, where, x.shape, (x.ndim - 1,), "scale")
+        return spec.apply(x, _declare(self, spec, where))
 
 
 class DenseGeneral(nn.Module):
-    """``y = act(x · kernel + bias)`` over x's axes ``axis`` (``te_jax.layers.dense_general``).
+    """``y = act(x · kernel + bias)`` over x's axes ``axis``
+    (``te_jax.module_specs.DenseGeneralSpec``).
 
     Parameters: ``kernel (*in, *features)`` (gated activation: ``(*in, 2, *features)``) and,
     with ``use_bias``, ``bias (*features)`` (gated: ``(2, *features)``). Under a ``recipe`` the
@@ -239,59 +214,22 @@ class DenseGeneral(nn.Module):
         """``inputs (..., *in)`` → ``(..., *features)`` in the compute dtype."""
         where = "te_jax.flax.DenseGeneral"
         x = jnp.asarray(inputs)
-        x = x.astype(_compute_dtype(where, self.dtype, x))
-        return _dense_general(self, x, self.axis, where)
-
-
-def _dense_general(module, x, axis, where: str):
-    """The dense of ``DenseGeneral`` / ``LayerNormDenseGeneral``: its parameters (``kernel``,
-    ``bias``) declared in ``module``'s scope, from ``module``'s fields."""
-    act, params = layers.resolve_activation(where, module.activation, module.activation_params)
-    recipe = layers.check_recipe(where, module.recipe)
-    axes = layers.normalize_axes(where, axis, x.ndim)
-    features = layers.check_sizes(where, "features", module.features)
-    _check_input(module, where, x.shape, axes, "kernel")
-    gated = act is not None and act.is_gated
-    k_shape = layers.dense_kernel_shape([x.shape[a] for a in axes], features, act)
-    kernel_axes = layers.fit_axes(where, module.kernel_axes, k_shape, False)
-    kernel = _kernel(
-        module,
-        "kernel",
-        module.kernel_init,
-        kernel_axes,
-        k_shape,
-        len(axes),
-        gated,
-        module.param_dtype,
-        where,
-    )
-    bias = None
-    if module.use_bias:
-        b_shape = k_shape[len(axes) :]
-        bias = _param(
-            module,
-            "bias",
-            module.bias_init,
-            layers.fit_axes(where, module.bias_axes, b_shape, False),
-            b_shape,
-            module.param_dtype,
+        axes = layers.normalize_axes(where, self.axis, x.ndim)
+        spec = DenseGeneralSpec.create(
             where,
+            tuple(x.shape[a] for a in axes),
+            axes,
+            {"in_features": _FROM_INPUT},
+            **_settings(self, DenseGeneralSpec),
         )
-    return layers.dense_general(
-        x,
-        kernel,
-        bias,
-        axis=axes,
-        activation_type=act,
-        act_params=params,
-        quantizer_set=_quantizer_set(module, recipe, "kernel", where),
-        implementation=module.implementation,
-        kernel_axes=kernel_axes,
-    )
+        _check_input(self, where, x.shape, axes, "kernel")
+        params = _declare(self, spec, where)
+        return spec.apply(x, params, _quantizer_sets(self, spec, where))
 
 
 class LayerNormDenseGeneral(nn.Module):
-    """Norm, then ``DenseGeneral`` over the last axis: ``y = act(norm(x) · kernel + bias)``.
+    """Norm, then ``DenseGeneral`` over the last axis: ``y = act(norm(x) · kernel + bias)``
+    (``te_jax.module_specs.LayerNormDenseGeneralSpec``).
 
     Returns ``(y, ln_out)``; ``ln_out`` (the GEMM's input) is ``None`` unless
     ``return_layernorm_output``. Parameters: ``scale``, ``ln_bias`` (``"layernorm"``),
@@ -324,24 +262,20 @@ class LayerNormDenseGeneral(nn.Module):
     def __call__(self, inputs: jax.Array):
         """``inputs (..., H)`` → ``(y (..., *features), ln_out (..., H) or None)``."""
         where = "te_jax.flax.LayerNormDenseGeneral"
-        x = _norm_input(self, where, inputs, "kernel")
-        ln_out = x
-        if self.enable_layernorm:
-            gamma, beta = _NormParams.create(self, x.shape[-1], where)
-            ln_out = layernorm(
-                x,
-                gamma,
-                beta,
-                layernorm_type=self.layernorm_type,
-                zero_centered_gamma=self.zero_centered_gamma,
-                epsilon=self.epsilon,
-            )
-        out = _dense_general(self, ln_out, -1, where)
-        return out, (ln_out if self.return_layernorm_output else None)
+        x = _norm_input(where, inputs)
+        spec = LayerNormDenseGeneralSpec.create(
+            where,
+            x.shape[-1],
+            {"in_features": _FROM_INPUT},
+            **_settings(self, LayerNormDenseGeneralSpec),
+        )
+        _check_input(self, where, x.shape, (x.ndim - 1,), "kernel")
+        params = _declare(self, spec, where)
+        return spec.apply(x, params, _quantizer_sets(self, spec, where))
 
 
 class LayerNormMLP(nn.Module):
-    """The transformer MLP block (``te_jax.layers.layernorm_mlp``):
+    """The transformer MLP block (``te_jax.module_specs.LayerNormMLPSpec``):
     ``out = drop(act(norm(x) · wi_kernel + wi_bias)) · wo_kernel + wo_bias``.
 
     Parameters: ``scale`` and ``ln_bias`` (the norm, when ``enable_layernorm``), ``wi_kernel``
@@ -351,7 +285,8 @@ class LayerNormMLP(nn.Module):
 
     Returns ``(out, ln_out)``: ``ln_out`` is the first GEMM's input (``None`` unless
     ``return_layernorm_output``). Dropout on the intermediate activation takes the
-    ``dropout_rng_name`` rng (``"dropout"``) unless ``deterministic``.
+    ``dropout_rng_name`` rng (``"dropout"``) unless ``deterministic``; without it (rate 0 or
+    ``deterministic``) the two GEMMs are one ``te_jax.fused_mlp``.
     """
 
     intermediate_dim: int = 2048
@@ -385,68 +320,15 @@ class LayerNormMLP(nn.Module):
     def __call__(self, inputs: jax.Array, deterministic: bool = False):
         """``inputs (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``."""
         where = "te_jax.flax.LayerNormMLP"
-        act, params = layers.resolve_activation(where, self.activations, self.activation_params)
-        if act is None:
-            raise ValueError(f"{where}: activations must name an activation, got None")
-        recipe = layers.check_recipe(where, self.recipe)
-        if not 0.0 <= self.intermediate_dropout_rate < 1.0:
-            raise ValueError(
-                f"{where}: intermediate_dropout_rate must be in [0, 1), got "
-                f"{self.intermediate_dropout_rate}"
-            )
-        inter = layers.check_sizes(where, "intermediate_dim", self.intermediate_dim, False)[0]
-        x = _norm_input(self, where, inputs, "wi_kernel")
-        hidden, gated = x.shape[-1], act.is_gated
-        gamma = beta = None
-        if self.enable_layernorm:
-            gamma, beta = _NormParams.create(self, hidden, where)
-        k1_shape = layers.mlp_kernel_1_shape(hidden, inter, act)
-        axes_1 = layers.fit_axes(where, self.kernel_axes_1, k1_shape, not gated)
-        axes_2 = layers.fit_axes(where, self.kernel_axes_2, (inter, hidden), False)
-        k1 = _kernel(
-            self,
-            "wi_kernel",
-            self.kernel_init,
-            axes_1,
-            k1_shape,
-            1,
-            gated,
-            self.param_dtype,
-            where,
+        x = _norm_input(where, inputs)
+        spec = LayerNormMLPSpec.create(
+            where, x.shape[-1], _FROM_INPUT, **_settings(self, LayerNormMLPSpec)
         )
-        k2 = _kernel(
-            self,
-            "wo_kernel",
-            self.kernel_init,
-            axes_2,
-            (inter, hidden),
-            1,
-            False,
-            self.param_dtype,
-            where,
-        )
-        b1 = b2 = None
-        if self.use_bias:
-            b1 = _param(
-                self,
-                "wi_bias",
-                self.bias_init,
-                layers.fit_axes(where, self.bias_axes_1, k1_shape[1:], not gated),
-                k1_shape[1:],
-                self.param_dtype,
-                where,
-            )
-            b2 = _param(
-                self,
-                "wo_bias",
-                self.bias_init,
-                layers.fit_axes(where, self.bias_axes_2, (hidden,), False),
-                (hidden,),
-                self.param_dtype,
-                where,
-            )
+        _check_input(self, where, x.shape, (x.ndim - 1,), "wi_kernel")
+        params = _declare(self, spec, where)
+        quantizer_sets = _quantizer_sets(self, spec, where)
         dropout = None
-        if self.intermediate_dropout_rate > 0.0 and not deterministic:
+        if spec.dropout_active(deterministic):
             # Flax falls back to the "params" rng for a missing stream.
             if not self.has_rng(self.dropout_rng_name) and not self.has_rng("params"):
                 raise ValueError(
@@ -456,33 +338,9 @@ class LayerNormMLP(nn.Module):
                     "dropout"
                 )
             drop = nn.Dropout(
-                rate=self.intermediate_dropout_rate,
-                broadcast_dims=tuple(self.intermediate_hidden_dropout_dims),
+                rate=spec.dropout_rate,
+                broadcast_dims=spec.dropout_dims,
                 rng_collection=self.dropout_rng_name,
             )
-
-            def dropout(h):
-                return drop(h, deterministic=False)
-
-        out, ln_out = layers.layernorm_mlp(
-            x,
-            k1,
-            k2,
-            b1,
-            b2,
-            gamma,
-            beta,
-            activation_type=act,
-            act_params=params,
-            layernorm_type=self.layernorm_type,
-            zero_centered_gamma=self.zero_centered_gamma,
-            epsilon=self.epsilon,
-            quantizer_sets=(
-                _quantizer_set(self, recipe, "wi", where),
-                _quantizer_set(self, recipe, "wo", where),
-            ),
-            dropout=dropout,
-            implementation=self.implementation,
-            kernel_axes=(axes_1, axes_2),
-        )
-        return out, (ln_out if self.return_layernorm_output else None)
+            dropout = functools.partial(drop, deterministic=False)
+        return spec.apply(x, params, quantizer_sets, dropout)

@@ -1,9 +1,11 @@
 """NNX modules: ``Linear``, ``LayerNorm``, ``LayerNormLinear``, ``LayerNormMLP``.
 
-The same computation and parameter names as the Linen modules of ``te_jax.flax`` (both wrap
-``te_jax.layers``), with explicit ``rngs`` and typed Variables: ``nnx.Param`` for the trained
-parameters (logical axis names as ``out_sharding`` metadata, as ``nnx.with_partitioning``
-gives), ``FP8Meta`` for delayed scaling's state.
+The same computation and parameter names as the Linen modules of ``te_jax.flax``: each module
+makes the spec (``te_jax.module_specs``) the Linen module of the same name makes, once, from
+its constructor's arguments; owns the parameters it describes as typed Variables (``nnx.Param``
+for the trained parameters, logical axis names as ``out_sharding`` metadata as
+``nnx.with_partitioning`` gives; ``FP8Meta`` for delayed scaling's state), drawn from explicit
+``rngs``; and calls the spec's ``apply``.
 
 **Dtypes.** Parameters are stored in ``param_dtype`` (float32 by default); the computation runs
 in ``dtype``, or in the input's dtype when ``dtype`` is ``None``.
@@ -11,6 +13,7 @@ in ``dtype``, or in the input's dtype when ``dtype`` is ``None``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,8 +23,13 @@ from flax import nnx
 
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
+from te_jax.module_specs import (
+    DenseGeneralSpec,
+    LayerNormDenseGeneralSpec,
+    LayerNormMLPSpec,
+    LayerNormSpec,
+)
 from te_jax.nnx.fp8_state import QuantizerState
-from te_jax.normalization import check_norm_type, layernorm
 from te_jax.recipe import Recipe
 
 __all__ = ["Linear", "LayerNorm", "LayerNormLinear", "LayerNormMLP"]
@@ -40,20 +48,37 @@ def _param(value, axes) -> nnx.Param:
     return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=eager)
 
 
-def _logical_axes(param: nnx.Param):
-    """A parameter's logical axis names (``None``: none given)."""
-    return param.get_metadata().get("out_sharding")
+# The attribute holding each GEMM's quantizers (its FP8Meta state), by the spec's GEMM name.
+_QUANTIZERS = {"kernel": "quantizers", "wi": "wi_quantizers", "wo": "wo_quantizers"}
 
 
-def _compute_dtype(where: str, dtype, x):
-    return layers.compute_dtype(where, dtype, x)
+def _settings(spec_cls, arguments: dict) -> dict:
+    """The constructor's ``arguments`` the spec is made from (``spec_cls.settings()``)."""
+    return {name: arguments[name] for name in spec_cls.settings() if name in arguments}
 
 
-def _check_dtypes(where: str, dtype, param_dtype) -> None:
-    """The constructor's dtypes, checked where they are written rather than at the first call."""
-    if dtype is not None:
-        layers.check_dtype(where, "dtype", dtype)
-    layers.check_dtype(where, "param_dtype", param_dtype)
+def _own(module: nnx.Module, spec, rngs: nnx.Rngs, names: tuple[str, ...]) -> None:
+    """Sets the parameters ``spec`` describes on ``module``, each drawn from ``rngs.params()``
+    in the spec's order; the others of ``names`` (the module's optional ones) to ``None``.
+    Delayed scaling's state: one ``QuantizerState`` per GEMM."""
+    module.spec = spec
+    params = spec.params()
+    for p in params:
+        setattr(module, p.name, _param(p.initial_value(rngs.params()), p.axes))
+    for name in set(names) - {p.name for p in params}:
+        setattr(module, name, None)
+    for gemm in spec.gemms:
+        setattr(module, _QUANTIZERS[gemm], QuantizerState(spec.recipe))
+
+
+def _values(module: nnx.Module) -> dict:
+    """The module's parameters' values, by name."""
+    return {p.name: getattr(module, p.name)[...] for p in module.spec.params()}
+
+
+def _quantizer_sets(module: nnx.Module) -> dict:
+    """One ``QuantizerSet`` per GEMM, by the spec's GEMM name."""
+    return {g: getattr(module, _QUANTIZERS[g])() for g in module.spec.gemms}
 
 
 def _check_input(where: str, x, field: str, built: tuple[int, ...]) -> None:
@@ -72,57 +97,8 @@ def _check_input(where: str, x, field: str, built: tuple[int, ...]) -> None:
     )
 
 
-class _Norm:
-    """The norm's parameters (``scale``, ``ln_bias``) set on a module, and its application."""
-
-    @staticmethod
-    def setup(
-        module,
-        hidden,
-        layernorm_type,
-        epsilon,
-        zero_centered_gamma,
-        scale_init,
-        scale_axes,
-        ln_bias_init,
-        ln_bias_axes,
-        param_dtype,
-        rngs,
-        where,
-    ):
-        module.layernorm_type = check_norm_type(where, layernorm_type)
-        module.epsilon = epsilon
-        module.zero_centered_gamma = zero_centered_gamma
-        init = scale_init or (
-            nnx.initializers.zeros if zero_centered_gamma else nnx.initializers.ones
-        )
-        module.scale = _param(
-            init(rngs.params(), (hidden,), param_dtype),
-            layers.fit_axes(where, scale_axes, (hidden,), False),
-        )
-        module.ln_bias = (
-            None
-            if module.layernorm_type != "layernorm"
-            else _param(
-                ln_bias_init(rngs.params(), (hidden,), param_dtype),
-                layers.fit_axes(where, ln_bias_axes, (hidden,), False),
-            )
-        )
-
-    @staticmethod
-    def apply(module, x):
-        return layernorm(
-            x,
-            module.scale[...],
-            None if module.ln_bias is None else module.ln_bias[...],
-            layernorm_type=module.layernorm_type,
-            zero_centered_gamma=module.zero_centered_gamma,
-            epsilon=module.epsilon,
-        )
-
-
 class LayerNorm(nnx.Module):
-    """LayerNorm or RMSNorm over the last axis (``te_jax.normalization.layernorm``).
+    """LayerNorm or RMSNorm over the last axis (``te_jax.module_specs.LayerNormSpec``).
 
     Parameters: ``scale (H,)`` (``γ - 1`` with ``zero_centered_gamma``) and, for
     ``"layernorm"``, ``ln_bias (H,)``.
@@ -144,97 +120,20 @@ class LayerNorm(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = "te_jax.nnx.LayerNorm"
-        _check_dtypes(where, dtype, param_dtype)
-        num_features = layers.check_sizes(where, "num_features", num_features, False)[0]
-        self.dtype = dtype
-        _Norm.setup(
-            self,
-            num_features,
-            layernorm_type,
-            epsilon,
-            zero_centered_gamma,
-            scale_init,
-            scale_axes,
-            ln_bias_init,
-            ln_bias_axes,
-            param_dtype,
-            rngs,
-            where,
+        spec = LayerNormSpec.create(
+            where, num_features, "num_features", **_settings(LayerNormSpec, locals())
         )
+        _own(self, spec, rngs, ("ln_bias",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., H)`` → ``(..., H)`` in the compute dtype."""
-        where = "te_jax.nnx.LayerNorm"
-        x = jnp.asarray(x)
-        _check_input(where, x, "num_features", self.scale.shape)
-        return _Norm.apply(self, x.astype(_compute_dtype(where, self.dtype, x)))
-
-
-class _Dense:
-    """A dense's parameters (``kernel``, ``bias``) and quantizers set on a module, and its
-    application (``te_jax.layers.dense_general`` over x's trailing ``in_features`` axes)."""
-
-    @staticmethod
-    def setup(
-        module,
-        in_features,
-        out_features,
-        use_bias,
-        activation,
-        activation_params,
-        kernel_init,
-        bias_init,
-        kernel_axes,
-        bias_axes,
-        param_dtype,
-        recipe,
-        implementation,
-        rngs,
-        where,
-    ):
-        module.act, module.act_params = layers.resolve_activation(
-            where, activation, activation_params
-        )
-        module.implementation = implementation
-        in_shape = layers.check_sizes(where, "in_features", in_features)
-        features = layers.check_sizes(where, "out_features", out_features)
-        gated = module.act is not None and module.act.is_gated
-        k_shape = layers.dense_kernel_shape(in_shape, features, module.act)
-        module.n_in = len(in_shape)
-        module.kernel = _param(
-            layers.init_kernel(
-                kernel_init, rngs.params(), k_shape, len(in_shape), gated, param_dtype
-            ),
-            layers.fit_axes(where, kernel_axes, k_shape, False),
-        )
-        b_shape = k_shape[len(in_shape) :]
-        module.bias = (
-            None
-            if not use_bias
-            else _param(
-                bias_init(rngs.params(), b_shape, param_dtype),
-                layers.fit_axes(where, bias_axes, b_shape, False),
-            )
-        )
-        module.quantizers = QuantizerState(layers.check_recipe(where, recipe))
-
-    @staticmethod
-    def apply(module, x):
-        return layers.dense_general(
-            x,
-            module.kernel[...],
-            None if module.bias is None else module.bias[...],
-            axis=tuple(range(-module.n_in, 0)),
-            activation_type=module.act,
-            act_params=module.act_params,
-            quantizer_set=module.quantizers(),
-            implementation=module.implementation,
-            kernel_axes=_logical_axes(module.kernel),
-        )
+        _check_input(self.spec.where, x, "num_features", self.spec.norm.scale.shape)
+        return self.spec.apply(x, _values(self))
 
 
 class Linear(nnx.Module):
-    """``y = act(x · kernel + bias)`` over x's trailing ``in_features`` axes.
+    """``y = act(x · kernel + bias)`` over x's trailing ``in_features`` axes
+    (``te_jax.module_specs.DenseGeneralSpec``).
 
     Parameters: ``kernel (*in_features, *out_features)`` (gated activation: ``(*in, 2,
     *out)``) and, with ``use_bias``, ``bias (*out_features)`` (gated ``(2, *out)``). Under a
@@ -259,36 +158,28 @@ class Linear(nnx.Module):
         implementation: str | None = None,
         rngs: nnx.Rngs,
     ):
-        _check_dtypes("te_jax.nnx.Linear", dtype, param_dtype)
-        self.dtype = dtype
-        _Dense.setup(
-            self,
+        where = "te_jax.nnx.Linear"
+        n_in = len(layers.check_sizes(where, "in_features", in_features))
+        spec = DenseGeneralSpec.create(
+            where,
             in_features,
-            out_features,
-            use_bias,
-            activation,
-            activation_params,
-            kernel_init,
-            bias_init,
-            kernel_axes,
-            bias_axes,
-            param_dtype,
-            recipe,
-            implementation,
-            rngs,
-            "te_jax.nnx.Linear",
+            tuple(range(-n_in, 0)),
+            {"features": "out_features"},
+            features=out_features,
+            **_settings(DenseGeneralSpec, locals()),
         )
+        _own(self, spec, rngs, ("bias",))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x (..., *in_features)`` → ``(..., *out_features)`` in the compute dtype."""
-        where = "te_jax.nnx.Linear"
-        x = jnp.asarray(x)
-        _check_input(where, x, "in_features", self.kernel.shape[: self.n_in])
-        return _Dense.apply(self, x.astype(_compute_dtype(where, self.dtype, x)))
+        dense = self.spec.dense
+        _check_input(self.spec.where, x, "in_features", dense.kernel.shape[: len(dense.axis)])
+        return self.spec.apply(x, _values(self), _quantizer_sets(self))
 
 
 class LayerNormLinear(nnx.Module):
-    """Norm, then ``Linear`` over the last axis: ``y = act(norm(x) · kernel + bias)``.
+    """Norm, then ``Linear`` over the last axis: ``y = act(norm(x) · kernel + bias)``
+    (``te_jax.module_specs.LayerNormDenseGeneralSpec``).
 
     Returns ``(y, ln_out)`` (``ln_out``, the GEMM's input, ``None`` unless
     ``return_layernorm_output``). Parameters: ``scale``, ``ln_bias``, ``kernel``, ``bias``.
@@ -322,57 +213,24 @@ class LayerNormLinear(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = "te_jax.nnx.LayerNormLinear"
-        _check_dtypes(where, dtype, param_dtype)
-        if enable_layernorm:  # the norm is over one axis
-            in_features = layers.check_sizes(where, "in_features", in_features, False)[0]
-        self.dtype = dtype
-        self.enable_layernorm = enable_layernorm
-        self.return_layernorm_output = return_layernorm_output
-        if enable_layernorm:
-            _Norm.setup(
-                self,
-                in_features,
-                layernorm_type,
-                epsilon,
-                zero_centered_gamma,
-                scale_init,
-                scale_axes,
-                ln_bias_init,
-                ln_bias_axes,
-                param_dtype,
-                rngs,
-                where,
-            )
-        _Dense.setup(
-            self,
-            in_features,
-            out_features,
-            use_bias,
-            activation,
-            activation_params,
-            kernel_init,
-            bias_init,
-            kernel_axes,
-            bias_axes,
-            param_dtype,
-            recipe,
-            implementation,
-            rngs,
+        spec = LayerNormDenseGeneralSpec.create(
             where,
+            in_features,
+            {"features": "out_features"},
+            features=out_features,
+            **_settings(LayerNormDenseGeneralSpec, locals()),
         )
+        _own(self, spec, rngs, ("scale", "ln_bias", "bias"))
 
     def __call__(self, x: jax.Array):
         """``x (..., H)`` → ``(y (..., *out_features), ln_out (..., H) or None)``."""
-        where = "te_jax.nnx.LayerNormLinear"
-        x = jnp.asarray(x)
-        _check_input(where, x, "in_features", self.kernel.shape[: self.n_in])
-        x = x.astype(_compute_dtype(where, self.dtype, x))
-        ln_out = _Norm.apply(self, x) if self.enable_layernorm else x
-        return _Dense.apply(self, ln_out), (ln_out if self.return_layernorm_output else None)
+        dense = self.spec.dense
+        _check_input(self.spec.where, x, "in_features", dense.kernel.shape[: len(dense.axis)])
+        return self.spec.apply(x, _values(self), _quantizer_sets(self))
 
 
 class LayerNormMLP(nnx.Module):
-    """The transformer MLP block (``te_jax.layers.layernorm_mlp``):
+    """The transformer MLP block (``te_jax.module_specs.LayerNormMLPSpec``):
     ``out = drop(act(norm(x) · wi_kernel + wi_bias)) · wo_kernel + wo_bias``.
 
     Parameters as the Linen ``te_jax.flax.LayerNormMLP``'s: ``scale``, ``ln_bias``,
@@ -380,7 +238,8 @@ class LayerNormMLP(nnx.Module):
     ``wo_bias``; the GEMMs' quantizers in ``wi_quantizers`` / ``wo_quantizers``.
 
     Returns ``(out, ln_out)``. Dropout (``intermediate_dropout_rate``) draws from ``rngs``'
-    ``dropout`` stream; it is off under ``deterministic=True`` or after ``model.eval()``.
+    ``dropout`` stream; it is off under ``deterministic=True`` or after ``model.eval()``, and
+    then (as with a rate of 0) the two GEMMs are one ``te_jax.fused_mlp``.
     """
 
     def __init__(
@@ -415,103 +274,25 @@ class LayerNormMLP(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = "te_jax.nnx.LayerNormMLP"
-        act, self.act_params = layers.resolve_activation(where, activations, activation_params)
-        if act is None:
-            raise ValueError(f"{where}: activations must name an activation, got None")
-        if not 0.0 <= intermediate_dropout_rate < 1.0:
-            raise ValueError(
-                f"{where}: intermediate_dropout_rate must be in [0, 1), got "
-                f"{intermediate_dropout_rate}"
-            )
-        recipe = layers.check_recipe(where, recipe)
-        _check_dtypes(where, dtype, param_dtype)
-        hidden_size = layers.check_sizes(where, "hidden_size", hidden_size, False)[0]
-        intermediate_dim = layers.check_sizes(where, "intermediate_dim", intermediate_dim, False)[0]
-        self.act, self.dtype, self.implementation = act, dtype, implementation
-        self.enable_layernorm = enable_layernorm
-        self.return_layernorm_output = return_layernorm_output
-        self.layernorm_type = check_norm_type(where, layernorm_type)
-        self.epsilon, self.zero_centered_gamma = epsilon, zero_centered_gamma
-        if enable_layernorm:
-            _Norm.setup(
-                self,
-                hidden_size,
-                layernorm_type,
-                epsilon,
-                zero_centered_gamma,
-                scale_init,
-                scale_axes,
-                ln_bias_init,
-                ln_bias_axes,
-                param_dtype,
-                rngs,
-                where,
-            )
-        else:
-            self.scale = self.ln_bias = None
-        gated = act.is_gated
-        k1_shape = layers.mlp_kernel_1_shape(hidden_size, intermediate_dim, act)
-        k2_shape = (intermediate_dim, hidden_size)
-        self.wi_kernel = _param(
-            layers.init_kernel(kernel_init, rngs.params(), k1_shape, 1, gated, param_dtype),
-            layers.fit_axes(where, kernel_axes_1, k1_shape, not gated),
+        spec = LayerNormMLPSpec.create(
+            where, hidden_size, "hidden_size", **_settings(LayerNormMLPSpec, locals())
         )
-        self.wo_kernel = _param(
-            layers.init_kernel(kernel_init, rngs.params(), k2_shape, 1, False, param_dtype),
-            layers.fit_axes(where, kernel_axes_2, k2_shape, False),
-        )
-        if use_bias:
-            self.wi_bias = _param(
-                bias_init(rngs.params(), k1_shape[1:], param_dtype),
-                layers.fit_axes(where, bias_axes_1, k1_shape[1:], not gated),
-            )
-            self.wo_bias = _param(
-                bias_init(rngs.params(), (hidden_size,), param_dtype),
-                layers.fit_axes(where, bias_axes_2, (hidden_size,), False),
-            )
-        else:
-            self.wi_bias = self.wo_bias = None
+        _own(self, spec, rngs, ("scale", "ln_bias", "wi_bias", "wo_bias"))
         self.dropout = (
             None
-            if intermediate_dropout_rate == 0.0
-            else nnx.Dropout(
-                intermediate_dropout_rate,
-                broadcast_dims=tuple(intermediate_hidden_dropout_dims),
-                rngs=rngs,
-            )
+            if spec.dropout_rate == 0.0
+            else nnx.Dropout(spec.dropout_rate, broadcast_dims=spec.dropout_dims, rngs=rngs)
         )
-        self.wi_quantizers = QuantizerState(recipe)
-        self.wo_quantizers = QuantizerState(recipe)
 
     def __call__(self, x: jax.Array, deterministic: bool | None = None):
-        """``x (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``."""
-        where = "te_jax.nnx.LayerNormMLP"
-        x = jnp.asarray(x)
-        _check_input(where, x, "hidden_size", self.wi_kernel.shape[:1])
-        x = x.astype(_compute_dtype(where, self.dtype, x))
-        value = lambda v: None if v is None else v[...]  # noqa: E731
+        """``x (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``. ``deterministic``:
+        ``None`` takes the module's mode (``model.eval()`` / ``model.train()``)."""
+        spec = self.spec
+        _check_input(spec.where, x, "hidden_size", spec.wi_kernel.shape[:1])
         dropout = None
         if self.dropout is not None:
-
-            def dropout(h):
-                return self.dropout(h, deterministic=deterministic)
-
-        out, ln_out = layers.layernorm_mlp(
-            x,
-            self.wi_kernel[...],
-            self.wo_kernel[...],
-            value(self.wi_bias),
-            value(self.wo_bias),
-            value(self.scale),
-            value(self.ln_bias),
-            activation_type=self.act,
-            act_params=self.act_params,
-            layernorm_type=self.layernorm_type,
-            zero_centered_gamma=self.zero_centered_gamma,
-            epsilon=self.epsilon,
-            quantizer_sets=(self.wi_quantizers(), self.wo_quantizers()),
-            dropout=dropout,
-            implementation=self.implementation,
-            kernel_axes=(_logical_axes(self.wi_kernel), _logical_axes(self.wo_kernel)),
-        )
-        return out, (ln_out if self.return_layernorm_output else None)
+            if deterministic is None:
+                deterministic = self.dropout.deterministic
+            if spec.dropout_active(deterministic):
+                dropout = functools.partial(self.dropout, deterministic=False)
+        return spec.apply(x, _values(self), _quantizer_sets(self), dropout)
