@@ -41,6 +41,7 @@ from te_jax.normalization import check_norm_type, layernorm
 from te_jax.recipe import QuantizerSet, Recipe
 
 __all__ = [
+    "KERNEL_INIT",
     "ParamSpec",
     "NormSpec",
     "DenseSpec",
@@ -51,6 +52,8 @@ __all__ = [
 ]
 
 Initializer = Callable[..., jax.Array]
+# The modules' default kernel_init, one object for both families (specs compare equal).
+KERNEL_INIT = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 Params = Mapping[str, jax.Array]
 QuantizerSets = Mapping[str, QuantizerSet | None]
 

@@ -25,6 +25,7 @@ from te_jax import layers
 from te_jax.activation_types import ActivationLike
 from te_jax.flax.fp8_state import FP8_COLLECTION, quantizer_set
 from te_jax.module_specs import (
+    KERNEL_INIT,
     DenseGeneralSpec,
     LayerNormDenseGeneralSpec,
     LayerNormMLPSpec,
@@ -36,7 +37,7 @@ from te_jax.recipe import QuantizerSet, Recipe
 __all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
 
 Initializer = Callable[..., jax.Array]
-_KERNEL_INIT = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+_KERNEL_INIT = KERNEL_INIT
 
 
 # The fields' names in messages about sizes the input fixes (the NNX modules' arguments).

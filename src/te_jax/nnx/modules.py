@@ -24,6 +24,7 @@ from flax import nnx
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
 from te_jax.module_specs import (
+    KERNEL_INIT,
     DenseGeneralSpec,
     LayerNormDenseGeneralSpec,
     LayerNormMLPSpec,
@@ -35,7 +36,7 @@ from te_jax.recipe import Recipe
 __all__ = ["Linear", "LayerNorm", "LayerNormLinear", "LayerNormMLP"]
 
 Initializer = Callable[..., jax.Array]
-_KERNEL_INIT = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+_KERNEL_INIT = KERNEL_INIT
 
 
 def _param(value, axes) -> nnx.Param:
