@@ -1,7 +1,7 @@
-"""The functional layers the Flax modules wrap (``te_jax.flax`` for Linen, ``te_jax.nnx``).
+"""The functional layers under the Flax modules (``te_jax.flax`` for Linen, ``te_jax.nnx``).
 
-One home for what the Linen and NNX modules share, so both compute the same thing from the same
-parameters:
+The math under the modules' specs (``te_jax.module_specs``, one per module, which both the
+Linen and the NNX module call), so both compute the same thing from the same parameters:
 
 * ``dense_general``: ``te_jax.dense`` over any set of x's axes and any output shape;
 * ``layernorm_mlp``: ``norm → dense(kernel_1, bias_1, act) → dropout → dense(kernel_2, bias_2)``
