@@ -403,3 +403,22 @@ def test_mxfp8_linen_tokens():
 
     match = r"te_jax.fused_mlp: .*the tokens \(batch × sequence.*\(1, 8\)\).*has 8"
     _raises(ValueError, match, lambda: jax.grad(loss)(variables["params"]))
+
+
+_NORM_OFF = {"enable_layernorm": False, "layernorm_type": "batchnorm"}
+NORM_OFF_CASES = {
+    "flax.LayerNormMLP": _linen(tef.LayerNormMLP, _NORM_OFF),
+    "flax.LayerNormDenseGeneral": _linen(tef.LayerNormDenseGeneral, _NORM_OFF),
+    "nnx.LayerNormMLP": _nnx(tnnx.LayerNormMLP, _NORM_OFF),
+    "nnx.LayerNormLinear": _nnx(tnnx.LayerNormLinear, _NORM_OFF),
+}
+
+
+@pytest.mark.parametrize("where", list(NORM_OFF_CASES))
+def test_layernorm_type_checked_with_the_norm_off(where):
+    """Both families check ``layernorm_type`` whether or not the norm is on (a misspelt one is
+    a mistake either way)."""
+    match = (
+        rf"te_jax.{where}: layernorm_type must be one of 'layernorm', 'rmsnorm', got 'batchnorm'"
+    )
+    _raises(ValueError, match, NORM_OFF_CASES[where])

@@ -197,16 +197,26 @@ def test_same_compiled_forward(name, recipe):
 
 
 def test_mlp_with_deterministic_dropout_is_fused_mlp():
-    """A rate above 0 under ``deterministic=True`` compiles to what a rate of 0 does (the
-    fused_mlp op), in both families."""
+    """A rate above 0 under ``deterministic=True`` (or NNX's ``model.eval()``) compiles to
+    what a rate of 0 does (the fused_mlp op), in both families."""
     case = CASES["LayerNormMLP-dropout-deterministic"]
-    params, fp8, forward = _families(case, "delayed")
+    params, fp8, families = _families(case, "delayed")
     no_dropout = {**case.settings, "intermediate_dropout_rate": 0.0}
     _, _, plain = _families(dataclasses.replace(case, settings=no_dropout), "delayed")
+    # NNX's eval mode: deterministic from the module, not the call
+    settings = {**case.settings, "recipe": RECIPES["delayed"]}
+    model = tnnx.LayerNormMLP(*case.nnx_args, **settings, rngs=nnx.Rngs(0))
+    model.eval()
+    graphdef, _, _, rest = nnx.split(model, nnx.Param, tnnx.FP8Meta, ...)
+
+    def forward(params, fp8, x):
+        return nnx.merge(graphdef, params, _fp8_to_nnx(fp8), rest)(x)
+
+    families = {**families, "nnx-eval": forward}
     x = _x()
     want = _compiled_text(plain["linen"], params, fp8, x)
-    for family in ("linen", "nnx"):
-        assert _compiled_text(forward[family], params, fp8, x) == want, family
+    for family, f in families.items():
+        assert _compiled_text(f, params, fp8, x) == want, family
 
 
 def test_specs_describe_the_parameters():

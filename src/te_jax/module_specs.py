@@ -330,7 +330,7 @@ class DenseGeneralSpec(_ModuleSpec):
         cls,
         where: str,
         in_features,
-        axis: Sequence[int],
+        axis: Sequence[int] | None = None,
         names: Mapping[str, str] | None = None,
         *,
         features,
@@ -347,11 +347,13 @@ class DenseGeneralSpec(_ModuleSpec):
         implementation,
     ) -> DenseGeneralSpec:
         """``in_features``: the contracted axes' sizes (an int or a sequence); ``axis``: which
-        of x's axes they are; ``names``: the fields' names where the module calls them
-        otherwise (NNX's ``{"features": "out_features"}``)."""
+        of x's axes they are (``None``: the trailing ones); ``names``: the fields' names where
+        the module calls them otherwise (NNX's ``{"features": "out_features"}``)."""
         names = names or {}
         dtype, param_dtype = _dtypes(where, dtype, param_dtype)
         in_shape = layers.check_sizes(where, names.get("in_features", "in_features"), in_features)
+        if axis is None:
+            axis = tuple(range(-len(in_shape), 0))
         dense = DenseSpec.create(
             where,
             in_shape,

@@ -160,11 +160,10 @@ class Linear(nnx.Module):
         rngs: nnx.Rngs,
     ):
         where = "te_jax.nnx.Linear"
-        n_in = len(layers.check_sizes(where, "in_features", in_features))
         spec = DenseGeneralSpec.create(
             where,
             in_features,
-            tuple(range(-n_in, 0)),
+            None,  # x's trailing axes
             {"features": "out_features"},
             features=out_features,
             **_settings(DenseGeneralSpec, locals()),
