@@ -412,8 +412,6 @@ RECIPES = {
 }
 
 
-
-
 # (x and kernel, gradient) formats: the recipes' defaults, HYBRID for tensor scaling
 FORMATS = {
     "delayed": (qdq.E4M3, qdq.E5M2),

@@ -13,10 +13,10 @@ from te_jax import activation_reference, quantize, recipe, sharding
 from te_jax._ffi import ffi_available
 from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
-from te_jax.linear.dense import dense
-from te_jax.linear.gemm import gemm
-from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.dispatch import kernels_enabled
+from te_jax.linear.dense import dense
+from te_jax.linear.fused_mlp import fused_mlp
+from te_jax.linear.gemm import gemm
 from te_jax.recipe import QuantizerSet
 
 __version__ = "0.1.0"

@@ -600,7 +600,9 @@ class LayerNormMLPSpec(_ModuleSpec):
 
     def params(self) -> tuple[ParamSpec, ...]:
         own = (self.wi_kernel, self.wo_kernel, self.wi_bias, self.wo_bias)
-        return (() if self.norm is None else self.norm.params()) + tuple(p for p in own if p)
+        return (() if self.norm is None else self.norm.params()) + tuple(
+            p for p in own if p is not None
+        )
 
     def dropout_active(self, deterministic: bool) -> bool:
         """Whether a call drops anything: a rate above 0 and not ``deterministic``. Otherwise

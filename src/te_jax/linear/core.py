@@ -28,10 +28,10 @@ from te_jax.dispatch import Path, check_input_dtype, decide
 from te_jax.linear.matmul import matmul
 from te_jax.primitives.gemm import TARGET as GEMM_TARGET
 from te_jax.primitives.gemm import GemmEpilogue
+from te_jax.quantize import quantize
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import DelayedScaleQuantizer
 from te_jax.quantize.scaled_tensor import ScaledTensor, cotangent_from_gradient
-from te_jax.quantize import quantize
 from te_jax.recipe import QuantizerSet
 from te_jax.sharding import check_logical_axes, logical_constraint
 
@@ -312,8 +312,8 @@ def tangent(cfg: DenseConfig, res, x_dot=None, kernel_dot=None, bias_dot=None):
 
     ``ḣ = ẋ·kernel + x·k̇ + ḃ``, accumulated in float32 and rounded once to the compute dtype
     (docs/numerics.md §8's rule for ``h``), then ``ẏ = act'(h)·ḣ`` by
-    ``te_jax.activation_reference.act_lu_tangent`` (gated: docs/numerics.md §1's product rule). ``act'`` is
-    taken at what the backward's dact reads (h, or y for the ReLU epilogue: the same sign).
+    ``te_jax.activation_reference.act_lu_tangent`` (gated: docs/numerics.md §1's product rule).
+    ``act'`` is taken at what the backward's dact reads (h, or y for the ReLU epilogue: the same sign).
 
     Args:
       cfg: the call's config.

@@ -67,8 +67,9 @@ def _own(module: nnx.Module, spec, rngs: nnx.Rngs, names: tuple[str, ...]) -> No
     params = spec.params()
     for p in params:
         setattr(module, p.name, _param(p.initial_value(rngs.params()), p.axes))
-    for name in set(names) - {p.name for p in params}:
-        setattr(module, name, None)
+    for name in names:
+        if name not in {p.name for p in params}:
+            setattr(module, name, None)
     for gemm in spec.gemms:
         setattr(module, _QUANTIZERS[gemm], QuantizerState(spec.recipe))
 

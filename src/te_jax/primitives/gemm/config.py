@@ -1,8 +1,8 @@
 """``GemmConfig``: everything static about one GEMM, the primitive's only parameter.
 
 The primitive ``gemm_p`` (``primitive.py``), its sharding rule (``sharding.py``), its pure-JAX
-lowering (``reference_results.py``), its kernel lowering (``kernel.py``) and its JVP (``autodiff.py``)
-all read this one description; the FFI attributes of ``te_jax_gemm`` are derived from it in
+lowering (``reference_results.py``), its kernel lowering (``kernel.py``) and its JVP
+(``autodiff.py``) all read this one description; the FFI attributes of ``te_jax_gemm`` are derived from it in
 ``ffi_attributes`` and nowhere else.
 """
 
