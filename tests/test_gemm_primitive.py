@@ -24,7 +24,7 @@ import dense_oracle as do
 import float64_oracle as f64
 from helpers import assert_within, cpp_enum, enable_x64, np_dtype, te_jax_custom_calls
 from te_jax import _ffi
-from te_jax.primitives import GEMM_WORKSPACE_BYTES, GemmEpilogue, GemmResult, base, bind_gemm
+from te_jax.primitives import GEMM_WORKSPACE_BYTES, GemmEpilogue, GemmResult, bind_gemm
 from te_jax.primitives import gemm as gemm_mod
 from te_jax.primitives.gemm import GemmConfig
 from te_jax.primitives.gemm.kernel import FP8_ALIGNMENT, kernel_results
@@ -904,14 +904,13 @@ KERNEL_FORMS = {
 
 @pytest.mark.parametrize("case", EPILOGUE_CASES, ids=EPILOGUE_IDS)
 @pytest.mark.parametrize("form", list(KERNEL_FORMS))
-def test_kernel_path_buffers(form, case, rng, monkeypatch):
+def test_kernel_path_buffers(form, case, rng):
     """The kernel path (``local``) on the forms the primitive gets (vmap gives rank > 3 and a
     shared rank-2 rhs): the FFI call gets the contract's buffers and its results come back in
     place."""
     lshape, rshape, lt, rt, kernel_lhs = KERNEL_FORMS[form]
     epilogue, grad_bias = case
     emulator = ContractEmulator()
-    monkeypatch.setattr(base, "ffi_call", emulator)
     lhs, rhs = random_like(rng, lshape, BF16), random_like(rng, rshape, BF16)
     m = lshape[-1] if lt else lshape[-2]
     n = rshape[-2] if rt else rshape[-1]
@@ -931,6 +930,7 @@ def test_kernel_path_buffers(form, case, rng, monkeypatch):
         jnp.ones((1,)),
         jnp.ones((1,)),
         config,
+        ffi_call=emulator,
     )
     assert len(emulator.calls) == 1 and emulator.calls[0][0] == kernel_lhs, emulator.calls
     # A strided-batched (rank-3) call's dbias is the sum of its outputs, taken outside it.
@@ -940,9 +940,8 @@ def test_kernel_path_buffers(form, case, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("form", ["rank2", "shared_rhs_folds", "rank3"])
-def test_kernel_path_buffers_fp8(form, rng, monkeypatch):
+def test_kernel_path_buffers_fp8(form, rng):
     emulator = ContractEmulator()
-    monkeypatch.setattr(base, "ffi_call", emulator)
     batch = {"rank2": (), "shared_rhs_folds": (3,), "rank3": (2,)}[form]
     rbatch = batch if form == "rank3" else ()
     lhs, rhs = fp8(rng, batch + (5, 32), E4M3), fp8(rng, rbatch + (16, 32), E5M2)
@@ -955,7 +954,7 @@ def test_kernel_path_buffers_fp8(form, rng, monkeypatch):
         split_accumulator=False,
         deterministic=True,
     )
-    outs = kernel_results(lhs, rhs, bias, jnp.zeros((0,), F16), lsi, rsi, config)
+    outs = kernel_results(lhs, rhs, bias, jnp.zeros((0,), F16), lsi, rsi, config, ffi_call=emulator)
     args = dict(
         lhs=lhs,
         rhs=rhs,
@@ -974,9 +973,8 @@ def test_kernel_path_buffers_fp8(form, rng, monkeypatch):
     assert int(attrs["epilogue"]) == int(E.GELU_AUX)
 
 
-def test_kernel_path_skips_empty_problems(rng, monkeypatch):
+def test_kernel_path_skips_empty_problems(rng):
     emulator = ContractEmulator()
-    monkeypatch.setattr(base, "ffi_call", emulator)
     for lshape, rshape in [((0, 16), (16, 8)), ((4, 0), (0, 8)), ((0, 4, 16), (0, 16, 8))]:
         lhs, rhs = random_like(rng, lshape, F32), random_like(rng, rshape, F32)
         bias = random_like(rng, (8,), F32)
@@ -988,6 +986,7 @@ def test_kernel_path_skips_empty_problems(rng, monkeypatch):
             jnp.ones((1,)),
             jnp.ones((1,)),
             GemmConfig(out_dtype=F32),
+            ffi_call=emulator,
         )
         check(GemmResult(out), dict(lhs=lhs, rhs=rhs, bias=bias))
     assert emulator.calls == []
@@ -1054,12 +1053,11 @@ def test_misaligned_fp8_matches_the_pure_jax_path(name, rng):
 
 
 @pytest.mark.parametrize("name", list(MISALIGNED_FP8))
-def test_misaligned_fp8_kernel_path_widens_to_float32(name, rng, monkeypatch):
+def test_misaligned_fp8_kernel_path_widens_to_float32(name, rng):
     """The kernel lowering's fallback against the contract emulator (any backend): one
     te_jax_gemm call on the operands widened exactly to float32, unscaled, no bias, the DEFAULT
     epilogue into float32; the scales, the bias and the epilogue then in JAX."""
     emulator = ContractEmulator()
-    monkeypatch.setattr(base, "ffi_call", emulator)
     args = _misaligned_args(rng, name)
     m, k, n, out_dtype, epilogue, grad_bias = MISALIGNED_FP8[name]
     absent = jnp.zeros((0,), out_dtype)
@@ -1072,6 +1070,7 @@ def test_misaligned_fp8_kernel_path_widens_to_float32(name, rng, monkeypatch):
         args["lhs_scale_inv"].reshape(1),
         args["rhs_scale_inv"].reshape(1),
         config,
+        ffi_call=emulator,
     )
     assert emulator.calls == [((m, k), (n, k), (0,), (0,))], emulator.calls
     assert emulator.dtypes == [(F32, F32, F32)], emulator.dtypes

@@ -41,8 +41,16 @@ def dims(lhs_shape, rhs_shape, lhs_trans: bool, rhs_trans: bool):
     return tuple(lhs_shape[:-2]), m, k, n
 
 
-def kernel_results(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config: GemmConfig):
-    """The local computation of one-K, one-N operands on te_jax's kernel."""
+def kernel_results(
+    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config: GemmConfig, *, ffi_call=None
+):
+    """The local computation of one-K, one-N operands on te_jax's kernel.
+
+    ``ffi_call(target, results, *operands, **attributes)`` makes the custom call
+    (``te_jax.primitives.base.ffi_call`` unless given: the tests pass an emulator of the FFI
+    contract, to check the buffers off a GPU).
+    """
+    ffi_call = base.ffi_call if ffi_call is None else ffi_call
     operands = (lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv)
     batch, m, k, n = dims(lhs.shape, rhs.shape, config.lhs_trans, config.rhs_trans)
     if 0 in (math.prod(batch), m, k, n):  # nothing to multiply: acc = 0 (or no output at all)
@@ -52,12 +60,19 @@ def kernel_results(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config: Ge
         # BGRAD epilogue for dbias too).
         flat_aux = aux.reshape(-1, n) if config.reads_aux else aux
         outs = kernel_results(
-            lhs.reshape(-1, k), rhs, bias, flat_aux, lhs_scale_inv, rhs_scale_inv, config
+            lhs.reshape(-1, k),
+            rhs,
+            bias,
+            flat_aux,
+            lhs_scale_inv,
+            rhs_scale_inv,
+            config,
+            ffi_call=ffi_call,
         )
         shapes = config.results(batch + (m, n), (n,))
         return [o.reshape(s) for o, s in zip(outs, shapes, strict=True)]
     if config.grad_bias and batch:
-        out = kernel_results(*operands, config.replace(grad_bias=False))[0]
+        out = kernel_results(*operands, config.replace(grad_bias=False), ffi_call=ffi_call)[0]
         dbias = jnp.sum(out.astype(F32), axis=tuple(range(out.ndim - 1)))
         return [out, dbias.astype(config.out_dtype)]
     fp8 = np.dtype(lhs.dtype) in FP8
@@ -71,13 +86,15 @@ def kernel_results(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config: Ge
             flat = (lhs, rhs, absent, absent, lhs_scale_inv, rhs_scale_inv)
             scales = (one, one)
         plain = config.replace(epilogue=GemmEpilogue.DEFAULT, out_dtype=F32, grad_bias=False)
-        acc = kernel_results(*flat, plain)[0]
+        acc = kernel_results(*flat, plain, ffi_call=ffi_call)[0]
         return epilogue(acc, bias, aux, *scales, config)
-    return _call(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config, batch, m, k, n)
+    operands = (lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv)
+    return _call(ffi_call, operands, config, batch, m, k, n)
 
 
-def _call(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config, batch, m, k, n):
+def _call(ffi_call, operands, config, batch, m, k, n):
     """The ``te_jax_gemm`` custom call, on ``(M, K)``-style or strided-batched operands."""
+    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv = operands
     out_shape = batch + (m, n)
     shared_rhs = rhs.ndim < lhs.ndim
     if shared_rhs and not config.lhs_trans:  # rows (batch..., M) are contiguous: fold them
@@ -99,7 +116,7 @@ def _call(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config, batch, m, k
         sds((n,) if config.grad_bias else (0,), out_dt),
         sds((GEMM_WORKSPACE_BYTES,), np.uint8),
     ]
-    out, aux_out, dbias, _ = base.ffi_call(
+    out, aux_out, dbias, _ = ffi_call(
         TARGET,
         results,
         lhs,
