@@ -11,7 +11,7 @@ quantized in the same kernels; ``te_jax.quantize.quantize(x, quantizer)`` quanti
 
 from te_jax import activation_reference, quantize, recipe, sharding
 from te_jax._ffi import ffi_available
-from te_jax.activation import act_lu, activation, dact_lu, quantize_dact_dbias
+from te_jax.activation_ops import act_lu, activation, dact_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
 from te_jax.dispatch import kernels_enabled
 from te_jax.linear.dense import dense

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from te_jax import activation_reference
-from te_jax.activation import act_lu, quantize_dact_dbias
+from te_jax.activation_ops import act_lu, quantize_dact_dbias
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.dispatch import Path, check_input_dtype, decide
 from te_jax.linear.matmul import matmul

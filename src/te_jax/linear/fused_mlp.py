@@ -40,7 +40,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from te_jax import _varying, fp8_autodiff
-from te_jax.activation import act_lu
+from te_jax.activation_ops import act_lu
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import Path, decide
 from te_jax.linear import core
