@@ -98,7 +98,9 @@ def test_fp8_shapes_the_fp8_gemm_cannot_take(k, n, rng):
     qs = QuantizerSet.create(CurrentScaling())
     got = np.asarray(te_jax.gemm(x, w, quantizer_set=qs), np.float64)
     qx = te_jax.quantize.quantize(x, qs.x)
-    qw = te_jax.quantize.quantize(w, qs.with_layout("kernel", QuantizeLayout.ROWWISE))  # from float32
+    qw = te_jax.quantize.quantize(
+        w, qs.with_layout("kernel", QuantizeLayout.ROWWISE)
+    )  # from float32
     want = np.asarray(qx.dequantize(dtype=jnp.float32), np.float64) @ np.asarray(
         qw.dequantize(dtype=jnp.float32), np.float64
     )

@@ -43,8 +43,9 @@ def _close(got, want, rtol):
 
 @pytest.mark.parametrize("alias", ["gelu", "swiglu"])
 def test_activation_ops_match_the_reference(alias, rng):
-    """act_lu, dact_lu, quantize_dact_dbias and activation's gradient equal te_jax.activation_reference's,
-    and lower to te_jax's kernels exactly where te_jax.kernels_enabled() says."""
+    """act_lu, dact_lu, quantize_dact_dbias and activation's gradient equal
+    te_jax.activation_reference's, and lower to te_jax's kernels exactly where
+    te_jax.kernels_enabled() says."""
     act = ACT_BY_ALIAS[alias]
     assert te_jax.ActivationType.parse(alias).is_gated == act.gated
     shape = (4, 2, 24) if act.gated else (4, 24)

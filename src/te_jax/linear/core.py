@@ -75,6 +75,7 @@ class DenseConfig:
     kernel_dtype: np.dtype  # the kernel's own: quantized from it under a recipe
     kernel_axes: tuple[str | None, ...] | None = None  # logical names: dkernel's sharding
     fold_rows: bool = False  # x's leading axes folded into one row axis (block scaling)
+    where: str = "te_jax.dense"  # the public op, named in errors
 
     @property
     def out_features(self) -> tuple[int, ...]:
@@ -183,6 +184,7 @@ def prepare(
         np.dtype(kernel.dtype),
         check_logical_axes(where, "kernel_axes", kernel_axes, jnp.ndim(kernel)),
         qs is not None and qs.scaling_mode.impl.gemm_folds_rows,
+        where,
     )
     return cfg, kernel, bias, qs
 
@@ -313,7 +315,8 @@ def tangent(cfg: DenseConfig, res, x_dot=None, kernel_dot=None, bias_dot=None):
     ``ḣ = ẋ·kernel + x·k̇ + ḃ``, accumulated in float32 and rounded once to the compute dtype
     (docs/numerics.md §8's rule for ``h``), then ``ẏ = act'(h)·ḣ`` by
     ``te_jax.activation_reference.act_lu_tangent`` (gated: docs/numerics.md §1's product rule).
-    ``act'`` is taken at what the backward's dact reads (h, or y for the ReLU epilogue: the same sign).
+    ``act'`` is taken at what the backward's dact reads (h, or y for the ReLU epilogue: the same
+    sign).
 
     Args:
       cfg: the call's config.
@@ -468,7 +471,7 @@ def _quantize_operands(x, k2, qs: QuantizerSet, v: GemmViews, cfg: DenseConfig, 
     if isinstance(x, ScaledTensor):
         if residuals and x.colwise_data is None:
             raise ValueError(
-                "te_jax.dense: differentiating with a quantized x needs its colwise copy (wgrad "
+                f"{cfg.where}: differentiating with a quantized x needs its colwise copy (wgrad "
                 "reads it): quantize it with q_layout ROWWISE_COLWISE"
             )
         # x was quantized upstream (te_jax.activation), whose backward returns the x

@@ -34,9 +34,9 @@ The scales go to cuBLASLt as device pointers and are applied to the float32 accu
 before the bias and the epilogue. On the CPU and with ``implementation="xla"`` the same
 quantized operands are dequantized exactly and multiplied in float32: the same product, so the
 CPU path is an oracle for the GPU's. Where a dimension cuBLASLt's FP8 GEMM cannot take (the
-contracting one, or the output's columns, not a multiple of 16), that GEMM runs on the exactly
-dequantized operands in float32 instead, on every platform (same math; on the GPU without FP8
-tensor cores).
+contracting one, or the output's columns, not a multiple of 16), the GEMM primitive widens the
+FP8 codes exactly to float32 and runs a float32 GEMM, the scales applied to its accumulator (the
+same math; on the GPU without FP8 tensor cores).
 MXFP8 on Hopper: the quantized storage is real, the GEMMs run on the dequantized operands in the
 input dtype (exact: an MXFP8 value is an E4M3/E5M2 number times a power of two).
 
@@ -229,8 +229,8 @@ def _dense_fwd(x, kernel, bias, qs, cfg):
     (x, kernel, bias), operands = fp8_autodiff.unwrap_primals((x, kernel, bias))
     qs, state = fp8_autodiff.unwrap_primals(qs)
     if fp8_autodiff.under_jvp((x, kernel, bias, qs)):  # jvp of grad: forward over this op
-        raise TypeError(fp8_autodiff.forward_mode_message("te_jax.dense"))
-    fp8_autodiff.check_state_differentiated("te_jax.dense", operands, [state])
+        raise TypeError(fp8_autodiff.forward_mode_message(cfg.where))
+    fp8_autodiff.check_state_differentiated(cfg.where, operands, [state])
     return core.forward(x, kernel, bias, qs, cfg, residuals=True)
 
 

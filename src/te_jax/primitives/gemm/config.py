@@ -2,8 +2,8 @@
 
 The primitive ``gemm_p`` (``primitive.py``), its sharding rule (``sharding.py``), its pure-JAX
 lowering (``reference_results.py``), its kernel lowering (``kernel.py``) and its JVP
-(``autodiff.py``) all read this one description; the FFI attributes of ``te_jax_gemm`` are derived from it in
-``ffi_attributes`` and nowhere else.
+(``autodiff.py``) all read this one description; the FFI attributes of ``te_jax_gemm`` are
+derived from it in ``ffi_attributes`` and nowhere else.
 """
 
 from __future__ import annotations

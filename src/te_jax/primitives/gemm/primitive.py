@@ -30,8 +30,8 @@ cuBLASLt cannot take (not a multiple of 16) runs on the operands widened exactly
 The primitive's only parameter is a ``GemmConfig`` (``config.py``). Paths (``te_jax.dispatch``):
 ``gemm_p`` lowers to the kernel (``kernel.py``) on the platforms where ``te_jax_gemm`` is
 registered (CUDA: there is no CPU handler) and to ``reference_results.py`` (pure JAX)
-everywhere else, both under the same ``custom_partitioning`` (``sharding.py``); ``implementation="xla"`` (and
-float64) calls the pure-JAX results without the primitive.
+everywhere else, both under the same ``custom_partitioning`` (``sharding.py``);
+``implementation="xla"`` (and float64) calls the pure-JAX results without the primitive.
 
 vmap: a batched lhs with an unbatched rank-2 rhs (a shared weight) folds the vmapped axes into M,
 one GEMM (with ``lhs_trans`` they cannot fold, and the rhs is repeated for a strided-batched
