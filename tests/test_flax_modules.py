@@ -318,8 +318,10 @@ def test_dense_matches_flax_dense_general(family, axis, features, act, rng):
         return h if act is None else jax.nn.gelu(h, approximate=True)
 
     cot = jnp.asarray(rng.standard_normal(ref(b.params, x).shape), jnp.float32)
-    got = jax.value_and_grad(lambda p, x: jnp.sum(b.apply(p, b.fp8, x) * cot), (0, 1))(b.params, x)
-    want = jax.value_and_grad(lambda p, x: jnp.sum(ref(p, x) * cot), (0, 1))(b.params, x)
+    got = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(b.apply(p, b.fp8, x) * cot), (0, 1)))(
+        b.params, x
+    )
+    want = jax.jit(jax.value_and_grad(lambda p, x: jnp.sum(ref(p, x) * cot), (0, 1)))(b.params, x)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert rel_err(g, w) <= 2e-5
 
@@ -369,38 +371,6 @@ def test_layernorm_dense(family, norm, rng):
         assert set(nnx.to_pure_dict(nnx.state(m, nnx.Param))) == (
             {"scale", "ln_bias"} if norm == "layernorm" else {"scale"}
         )
-
-
-# ---- Linen and NNX agree -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "recipe", [None, DelayedScaling(amax_history_len=4)], ids=["bf16", "delayed"]
-)
-def test_linen_and_nnx_agree_bit_for_bit(recipe, rng):
-    """The same parameters and FP8 state give the same output, gradients and new state."""
-    x = _x(rng, (4, 32), jnp.bfloat16)
-    opts = dict(
-        intermediate_dim=64,
-        activations=("silu", "linear"),
-        use_bias=True,
-        layernorm_type="rmsnorm",
-        recipe=recipe,
-    )
-    lin = build("linen", "LayerNormMLP", 32, x, **opts)
-    nx = build("nnx", "LayerNormMLP", 32, x, **opts)
-    assert set(lin.params) == set(nx.params) and set(lin.fp8) == set(nx.fp8)
-    params = {
-        k: jnp.asarray(rng.standard_normal(v.shape) * 0.2, v.dtype) for k, v in lin.params.items()
-    }
-    fp8 = {k: v + (0.5 if k.endswith("_scale") else 0.0) for k, v in lin.fp8.items()}
-
-    def run(b):
-        f = lambda p, s: jnp.sum(b.apply(p, s, x)[0].astype(jnp.float32) ** 2)  # noqa: E731
-        return jax.jit(jax.value_and_grad(f, (0, 1)))(params, fp8)
-
-    for a, c in zip(jax.tree.leaves(run(lin)), jax.tree.leaves(run(nx)), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
 
 
 # ---- FP8 ---------------------------------------------------------------------------------
@@ -454,7 +424,10 @@ def test_fp8_equals_the_quantize_dequantize_reference(family, name, rng):
     fp8 = b.fp8
     if name == "delayed":  # scales from a step on other inputs (not this x's own amaxes)
         other = _x(rng, x.shape, jnp.bfloat16)
-        fp8 = jax.grad(lambda s: jnp.sum(b.apply(params, s, other)[0].astype(jnp.float32)))(fp8)
+        step = jax.jit(
+            jax.grad(lambda s: jnp.sum(b.apply(params, s, other)[0].astype(jnp.float32)))
+        )
+        fp8 = step(fp8)
         assert all(float(v) != 1.0 for k, v in fp8.items() if k.endswith("_scale"))
 
     def loss(p, x):
@@ -769,7 +742,7 @@ def test_checkpoint_round_trip(family, rng):
         recipe=DelayedScaling(amax_history_len=4),
     )
     b = build(family, "LayerNormMLP", 32, x, **opts)
-    fp8 = jax.grad(lambda s: jnp.sum(b.apply(b.params, s, x)[0]))(b.fp8)  # a non-trivial state
+    fp8 = jax.jit(jax.grad(lambda s: jnp.sum(b.apply(b.params, s, x)[0])))(b.fp8)  # non-trivial
     blob = flax.serialization.to_bytes({"params": b.params, "fp8": fp8})
     fresh = build(family, "LayerNormMLP", 32, x, seed=5, **opts)
     restored = flax.serialization.from_bytes({"params": fresh.params, "fp8": fresh.fp8}, blob)

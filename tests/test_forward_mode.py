@@ -362,7 +362,7 @@ FORWARD_MODES = {
 @pytest.mark.parametrize("op", OPS)
 def test_fp8_forward_mode_raises_a_clear_error(op, recipe, how, rng):
     """Forward mode through an FP8 op raises te_jax's TypeError at trace time (jit included),
-    naming the op and reverse mode as the way; reverse mode works."""
+    naming the op and reverse mode as the way; reverse mode works (checked with jvp's case)."""
     a = ACTS["gelu"]
     # Multiples of 32 everywhere: MXFP8's blocks (32 tokens, K = N = 32).
     x, k1, b1, k2, b2 = _operands(rng, a, True, jnp.bfloat16, lead=(2, 16), n=32)
@@ -378,8 +378,9 @@ def test_fp8_forward_mode_raises_a_clear_error(op, recipe, how, rng):
         "quantization has no derivative. Differentiate it in reverse mode",
     ):
         FORWARD_MODES[how](f, x)
-    g = jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32)))(x)
-    assert g.shape == x.shape and bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
+    if how == "jvp":  # reverse mode works (once per op and recipe)
+        g = jax.jit(jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32))))(x)
+        assert g.shape == x.shape and bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
 
 
 # ---- the Flax modules ---------------------------------------------------------------------------

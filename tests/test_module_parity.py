@@ -68,7 +68,7 @@ CASES = {
         tnnx.LayerNormMLP,
         dict(intermediate_dim=INTER),
         (H, INTER),
-        dict(activations=("silu", "linear"), use_bias=True),
+        dict(activations=("silu", "linear"), use_bias=True, layernorm_type="rmsnorm"),
         dict(deterministic=True),
     ),
     # Dropout configured but off: both families take fused_mlp, as with a rate of 0.

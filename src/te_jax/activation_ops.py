@@ -40,6 +40,7 @@ from te_jax import activation_reference, primitives
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
 from te_jax.dispatch import check_input_dtype, use_ffi
 from te_jax.primitives.quantized import OpKind
+from te_jax.quantize.quantizers import DelayedScaleQuantizer
 from te_jax.quantize.scaled_tensor import gradient_from_cotangent
 from te_jax.quantized_output import quantized_output
 
@@ -206,7 +207,7 @@ def _quantized_activation(x, quantizer, act, params, implementation):
 
 def _quantized_activation_fwd(x, quantizer, act, params, implementation):
     st = act_lu(x, act, quantizer, params, implementation)
-    amax = st.amax if hasattr(quantizer, "update") else None
+    amax = st.amax if isinstance(quantizer, DelayedScaleQuantizer) else None
     return st, (x, quantizer, amax)
 
 
