@@ -37,8 +37,9 @@ def _loss(op):
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-@pytest.mark.parametrize("epilogue", [None, "gelu", "relu"], ids=str)
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize(
+    "epilogue, bias", [(None, False), (None, True), ("gelu", True), ("relu", False)], ids=str
+)
 def test_gemm_is_dense_bit_for_bit(epilogue, recipe, bias, rng):
     """gemm(x, w, b, epilogue=e) == dense(x, w, b, activation_type=e): values, gradients and
     the next FP8 state, after a prior step (so delayed scaling's history is not empty)."""
@@ -89,7 +90,7 @@ def test_quantized_lhs_is_used_as_it_is(rng):
     assert dx.data.shape == qx.data.shape
 
 
-@pytest.mark.parametrize("k, n", [(24, 48), (64, 8)], ids=["k24", "n8"])
+@pytest.mark.parametrize("k, n", [(24, 8)], ids=["k24-n8"])
 def test_fp8_shapes_the_fp8_gemm_cannot_take(k, n, rng):
     """K or N not a multiple of 16 under current scaling: the primitive's float32 fallback, the
     product of the dequantized operands rounded once (to a bf16 rounding of it)."""

@@ -1,6 +1,6 @@
 // The GEMM family's XLA FFI target: its binding (the FFI contract) and its ONE handler body; the
 // body decodes the call (gemm/problem.h) and hands it to Backend::run<S> (gemm/cuda/run.h).
-// CUDA only: on the CPU te_jax's GEMM is lax.dot_general (te_jax/primitives/gemm.py).
+// CUDA only: on the CPU te_jax's GEMM is lax.dot_general (te_jax/primitives/gemm/).
 //
 // te_jax_gemm
 //   args  lhs (B?, M, K) or stored (B?, K, M) with lhs_trans; rhs (B?, K, N) or stored (B?, N, K)

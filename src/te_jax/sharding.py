@@ -3,7 +3,7 @@ modules, as Flax logical axis rules.
 
 te_jax's ops shard the way XLA's own do: under ``jax.jit`` with sharded inputs and parameters
 (``NamedSharding``), each op runs on its shards and communicates only what its math needs
-(``te_jax.primitives.gemm_sharding``: the weight, never the activation, is gathered; a split
+(``te_jax.primitives.gemm.sharding``: the weight, never the activation, is gathered; a split
 contraction is all-reduced or reduce-scattered). Nothing here is needed for that; this module
 names the roles so that a mesh and Flax's logical axis rules shard a te_jax model in one line::
 

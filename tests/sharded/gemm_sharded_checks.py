@@ -1,7 +1,7 @@
 """The GEMM primitive sharded on a CPU mesh of 8 devices (run by tests/test_sharding.py in its
 own process). The partition is the one the CUDA kernel runs under (the CPU's local product is
 the pure-JAX one): each layout gives the unsharded result and compiles to exactly the
-collectives its strategy needs (gemm_sharding's docstring):
+collectives its strategy needs (te_jax.primitives.gemm.sharding's docstring):
 
     data parallel, column parallel       none
     row parallel (k split)               one all-reduce of the output

@@ -99,7 +99,7 @@ def check_operands(lhs, rhs, lhs_trans, rhs_trans):
 
 
 def check_groups(lhs, rhs, lhs_trans, rhs_trans, k_ndim, n_ndim):
-    """The K / N groups (``gemm_groups``) of lhs and rhs, checked; one-K, one-N operands are
+    """The K / N groups (``groups.py``) of lhs and rhs, checked; one-K, one-N operands are
     checked by ``_check_operands``."""
     if int(k_ndim) < 1 or int(n_ndim) < 1:
         raise ValueError(f"{_WHERE}: k_ndim and n_ndim must be >= 1, got {k_ndim}, {n_ndim}")

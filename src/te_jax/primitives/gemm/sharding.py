@@ -71,7 +71,7 @@ def _partition(config: GemmConfig, local, mesh, arg_shapes, result_shape):
     lhs_trans, rhs_trans = config.lhs_trans, config.rhs_trans
     k_ndim, n_ndim = config.k_ndim, config.n_ndim
     lhs_t, rhs_t = arg_shapes[0], arg_shapes[1]
-    # The operands' PartitionSpec entries, grouped as their shapes are (gemm_groups).
+    # The operands' PartitionSpec entries, grouped as their shapes are (groups.py).
     entries = groups(
         base.spec_of(lhs_t, lhs_t.ndim),
         base.spec_of(rhs_t, rhs_t.ndim),
