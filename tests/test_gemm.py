@@ -78,16 +78,22 @@ def test_several_axes(rng):
 def test_quantized_lhs_is_used_as_it_is(rng):
     """A ScaledTensor lhs (quantized by the set's x quantizer) gives what the array does under
     the same set: the same codes, no second quantize pass; its cotangent is the gradient of
-    its dequantized value."""
+    its dequantized value, and the x quantizer's is zero."""
     x, w, b = _operands(rng)
     qs = QuantizerSet.create(DelayedScaling())
     qx = te_jax.quantize.quantize(x, qs.with_layout("x", QuantizeLayout.ROWWISE_COLWISE))
     gemm = jax.jit(lambda x: te_jax.gemm(x, w, b, epilogue="gelu", quantizer_set=qs))
     np.testing.assert_array_equal(np.asarray(gemm(qx)), np.asarray(gemm(x)))
-    dx = jax.jit(
-        jax.grad(lambda q: jnp.sum(te_jax.gemm(q, w, b, quantizer_set=qs).astype(jnp.float32) ** 2))
-    )(qx)
+
+    def loss(q, s):
+        return jnp.sum(te_jax.gemm(q, w, b, quantizer_set=s).astype(jnp.float32) ** 2)
+
+    dx, next_qs = jax.jit(jax.grad(loss, argnums=(0, 1)))(qx, qs)
     assert dx.data.shape == qx.data.shape
+    # This call measured nothing for the x quantizer (whoever quantized x updates it); the
+    # kernel's state advanced.
+    assert all(not np.any(np.asarray(a)) for a in jax.tree.leaves(next_qs.x))
+    assert float(jnp.max(next_qs.kernel.amax_history)) == float(jnp.max(jnp.abs(w)))
 
 
 @pytest.mark.parametrize("k, n", [(24, 8)], ids=["k24-n8"])
