@@ -63,14 +63,13 @@ def gemm(
       ``out (*M, *N)`` in lhs's (compute) dtype. ``jax.grad`` gives lhs's, rhs's and bias's
       gradients (and the quantizer set's next state); without a recipe ``jax.jvp`` works too.
     """
-    if not isinstance(epilogue, (str, type(None))) or (
-        (epilogue.lower() if isinstance(epilogue, str) else None) not in EPILOGUES
-    ):
+    name = epilogue.lower() if isinstance(epilogue, str) else epilogue
+    if not (name is None or isinstance(name, str)) or name not in EPILOGUES:
         raise ValueError(
             f"te_jax.gemm: epilogue must be None, 'gelu' or 'relu', got {epilogue!r} (other "
             "activations: te_jax.dense(x, kernel, bias, activation_type=...))"
         )
-    act = EPILOGUES[epilogue.lower() if isinstance(epilogue, str) else None]
+    act = EPILOGUES[name]
     return dense.apply(
         "te_jax.gemm",
         lhs,

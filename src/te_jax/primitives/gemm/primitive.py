@@ -84,6 +84,7 @@ def _local(kernel_or_reference):
 
 
 def _partitioned(local):
+    """``local`` under the GEMM's ``custom_partitioning`` (``sharding.py``)."""
     part = make_partitioned_gemm(grouped(local))
     return lambda *operands, config: part(*operands, config=config)
 
