@@ -10,9 +10,12 @@ Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GE
 parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
-jitted, default XLA flags. Every row computes the same step: ``out = block(x)``, the loss
-``sum(out · dy)`` and its gradients with respect to x, every parameter and (FP8 rows) the FP8
-state, whose "gradient" is the next state.
+jitted, default XLA flags. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with the GELU
+backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (dbias_1 a float32
+sum of dh; ``gelu_backward="dgelu"``), ``te_linen:bf16_dgelu_bgrad`` with dbias_1 in the
+epilogue too (``"dgelu_bgrad"``): A/B rows of that fusion, off by default. Every row computes
+the same step: ``out = block(x)``, the loss ``sum(out · dy)`` and its gradients with respect to
+x, every parameter and (FP8 rows) the FP8 state, whose "gradient" is the next state.
 
 Per row: ms per step (median of ``--reps`` samples of ``--target-ms``; samples of all rows
 interleaved, each after ``--settle-ms`` of untimed steps of its own row, because the step holds
@@ -52,12 +55,17 @@ ROWS = (
     "flax:bf16",
     "flax:fp8_ops",
     "te_linen:bf16",
+    "te_linen:bf16_dgelu",
+    "te_linen:bf16_dgelu_bgrad",
     "te_linen:delayed",
     "te_linen:current",
     "te_nnx:bf16",
     "te_nnx:delayed",
     "te_nnx:current",
 )
+# The te_linen rows with the bf16 GELU backward in the dgrad GEMM's DGELU epilogue (dbias_1 a
+# float32 sum of dh), or DGELU + BGRAD: LayerNormMLP's gelu_backward (te_jax.fused_mlp's).
+GELU_BACKWARD = {"bf16_dgelu": "dgelu", "bf16_dgelu_bgrad": "dgelu_bgrad"}
 # The figures: row -> minimum speedup over flax:bf16.
 WANTED = {
     "te_linen:bf16": 1.05,
@@ -72,6 +80,8 @@ WANTED = {
 def _recipe(te_jax, name: str):
     return {
         "bf16": None,
+        "bf16_dgelu": None,
+        "bf16_dgelu_bgrad": None,
         "delayed": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
     }[name]
@@ -119,6 +129,7 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
             use_bias=True,
             recipe=_recipe(te_jax, prec),
             return_layernorm_output=False,
+            gelu_backward=GELU_BACKWARD.get(prec, "dact"),
         )
         state = jax.tree.map(lambda a: a, m.init(key, x0))
 

@@ -329,6 +329,15 @@ def _cases():
         ("nnx", tnnx.LayerNormMLP, {"args": ("64", 32)}, TypeError, "hidden_size", "'64'"),
         ("nnx", tnnx.LayerNormMLP, {"args": (H, 0)}, ValueError, "intermediate_dim", "0"),
     ]
+    for family, cls in (("flax", tef.LayerNormMLP), ("nnx", tnnx.LayerNormMLP)):
+        build = _linen if family == "flax" else _nnx
+        yield (
+            f"{family}.{cls.__name__}-gelu_backward",
+            build(cls, {"gelu_backward": "fast"}),
+            ValueError,
+            rf"te_jax.{family}.{cls.__name__}: gelu_backward must be one of 'dact', 'dgelu', "
+            r"'dgelu_bgrad', got 'fast'",
+        )
     for family, cls, kw, exc, field, got in sizes:
         build = _linen if family == "flax" else _nnx
         yield (

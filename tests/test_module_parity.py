@@ -77,7 +77,7 @@ CASES = {
         tnnx.LayerNormMLP,
         dict(intermediate_dim=INTER),
         (H, INTER),
-        dict(activations="gelu", intermediate_dropout_rate=0.1),
+        dict(activations="gelu", intermediate_dropout_rate=0.1, gelu_backward="dgelu_bgrad"),
         dict(deterministic=True),
     ),
 }

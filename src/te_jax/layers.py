@@ -295,6 +295,7 @@ def layernorm_mlp(
     dropout: Callable[[jax.Array], jax.Array] | None = None,
     implementation: str | None = None,
     kernel_axes: tuple[Sequence[str | None] | None, Sequence[str | None] | None] = (None, None),
+    gelu_backward: str = "dact",
 ) -> tuple[jax.Array, jax.Array]:
     """The transformer MLP block: ``out = dense(drop(act(norm(x) · W1 + b1)) · W2 + b2)``.
 
@@ -307,6 +308,7 @@ def layernorm_mlp(
       dropout: applied to the activation's output, ``None`` for none. Without it the two
         GEMMs are one ``te_jax.fused_mlp`` (fusions across the GEMM boundary, same math).
       kernel_axes: each kernel's logical axis names (``te_jax.dense``'s ``kernel_axes``).
+      gelu_backward: ``te_jax.fused_mlp``'s (where the GELU backward runs; no dropout only).
 
     Returns:
       ``(out (..., H), ln_out (..., H))``: ``ln_out`` is the first GEMM's input (x itself
@@ -337,6 +339,7 @@ def layernorm_mlp(
             act_params=act_params,
             implementation=implementation,
             kernel_axes=kernel_axes,
+            gelu_backward=gelu_backward,
         )
         return split_sequence(out), ln_out
     # Dropout sits between the GEMMs: two dense calls around it.

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from te_jax import layers
 from te_jax.activation_types import ActivationParams, ActivationType
+from te_jax.linear.fused_mlp import GELU_BACKWARDS
 from te_jax.normalization import check_norm_type, layernorm
 from te_jax.recipe import QuantizerSet, Recipe
 
@@ -502,6 +503,7 @@ class LayerNormMLPSpec(_ModuleSpec):
     dropout_rate: float
     dropout_dims: tuple[int, ...]
     return_layernorm_output: bool
+    gelu_backward: str
 
     gemms: ClassVar[tuple[str, ...]] = ("wi", "wo")
 
@@ -537,6 +539,7 @@ class LayerNormMLPSpec(_ModuleSpec):
         param_dtype,
         recipe,
         implementation,
+        gelu_backward,
     ) -> LayerNormMLPSpec:
         act, act_params = layers.resolve_activation(where, activations, activation_params)
         if act is None:
@@ -546,6 +549,11 @@ class LayerNormMLPSpec(_ModuleSpec):
             raise ValueError(
                 f"{where}: intermediate_dropout_rate must be in [0, 1), got "
                 f"{intermediate_dropout_rate}"
+            )
+        if gelu_backward not in GELU_BACKWARDS:
+            raise ValueError(
+                f"{where}: gelu_backward must be one of "
+                f"{', '.join(map(repr, GELU_BACKWARDS))}, got {gelu_backward!r}"
             )
         dtype, param_dtype = _dtypes(where, dtype, param_dtype)
         hidden = _size(where, hidden_field, hidden)
@@ -596,6 +604,7 @@ class LayerNormMLPSpec(_ModuleSpec):
             float(intermediate_dropout_rate),
             tuple(intermediate_hidden_dropout_dims),
             return_layernorm_output,
+            gelu_backward,
         )
 
     def params(self) -> tuple[ParamSpec, ...]:
@@ -633,6 +642,7 @@ class LayerNormMLPSpec(_ModuleSpec):
             dropout=dropout,
             implementation=self.implementation,
             kernel_axes=(self.wi_kernel.axes, self.wo_kernel.axes),
+            gelu_backward=self.gelu_backward,
             **norm,
         )
         return out, (ln_out if self.return_layernorm_output else None)

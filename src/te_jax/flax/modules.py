@@ -288,7 +288,8 @@ class LayerNormMLP(nn.Module):
     Returns ``(out, ln_out)``: ``ln_out`` is the first GEMM's input (``None`` unless
     ``return_layernorm_output``). Dropout on the intermediate activation takes the
     ``dropout_rng_name`` rng (``"dropout"``) unless ``deterministic``; without it (rate 0 or
-    ``deterministic``) the two GEMMs are one ``te_jax.fused_mlp``.
+    ``deterministic``) the two GEMMs are one ``te_jax.fused_mlp``, whose ``gelu_backward``
+    (``"dact"``, ``"dgelu"``, ``"dgelu_bgrad"``) is this module's.
     """
 
     intermediate_dim: int = 2048
@@ -317,6 +318,7 @@ class LayerNormMLP(nn.Module):
     param_dtype: Any = jnp.float32
     recipe: Recipe | None = None
     implementation: str | None = None
+    gelu_backward: str = "dact"
 
     @nn.compact
     def __call__(self, inputs: jax.Array, deterministic: bool = False):

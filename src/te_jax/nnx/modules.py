@@ -241,7 +241,8 @@ class LayerNormMLP(nnx.Module):
 
     Returns ``(out, ln_out)``. Dropout (``intermediate_dropout_rate``) draws from ``rngs``'
     ``dropout`` stream; it is off under ``deterministic=True`` or after ``model.eval()``, and
-    then (as with a rate of 0) the two GEMMs are one ``te_jax.fused_mlp``.
+    then (as with a rate of 0) the two GEMMs are one ``te_jax.fused_mlp``, whose
+    ``gelu_backward`` is this module's.
     """
 
     def __init__(
@@ -273,6 +274,7 @@ class LayerNormMLP(nnx.Module):
         param_dtype: Any = jnp.float32,
         recipe: Recipe | None = None,
         implementation: str | None = None,
+        gelu_backward: str = "dact",
         rngs: nnx.Rngs,
     ):
         where = "te_jax.nnx.LayerNormMLP"
