@@ -102,7 +102,8 @@ def build(family: str, kind: str, hidden: int, x, seed=0, **opts) -> Built:
     Linen-style options (``intermediate_dim`` / ``features``)."""
     if family == "linen":
         m = LINEN[kind](**opts)
-        variables = m.init({"params": jax.random.key(seed), "dropout": jax.random.key(1)}, x)
+        keys = {"params": jax.random.key(seed), "dropout": jax.random.key(1)}
+        variables = jax.jit(m.init)(keys, x)  # one program, not op by op
         params = nn.meta.unbox(variables["params"])
 
         def apply(params, fp8, x, rng=None, deterministic=True):
@@ -354,7 +355,7 @@ def test_layernorm_dense(family, norm, rng):
     assert rel_err(ln_out, ln_ref) <= 2e-6 and rel_err(y, y_ref) <= 2e-5
     if family == "linen":
         m = tef.LayerNorm(layernorm_type=norm)
-        v = m.init(jax.random.key(0), x)
+        v = jax.jit(m.init)(jax.random.key(0), x)
         assert (
             rel_err(
                 m.apply(v, x),
@@ -646,7 +647,7 @@ def _scanned_stack(family, n, d, x, opts):
             length=n,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )()
-        v = stack.init(jax.random.key(3), x, None)
+        v = jax.jit(stack.init)(jax.random.key(3), x, None)
 
         def f(params, fp8, x):
             return stack.apply({"params": {"mlp": params}, "fp8_metas": {"mlp": fp8}}, x, None)[0]
@@ -785,7 +786,7 @@ def test_fp8_state_helpers(rng):
     x = _x(rng, (4, 32), jnp.float32)
     recipe = DelayedScaling(amax_history_len=4)
     m = tef.LayerNormMLP(32, activations="gelu", recipe=recipe)
-    v = m.init(jax.random.key(0), x)
+    v = jax.jit(m.init)(jax.random.key(0), x)
     g = jax.grad(lambda v: jnp.sum(m.apply(v, x)[0]))(v)
     new = tef.update_fp8_metas(v, g)
     assert new["params"] is v["params"] and new["fp8_metas"] is g["fp8_metas"]
@@ -826,7 +827,7 @@ def test_logical_axis_names(rng):
             "wo_kernel": ("mlp", "embed"),
             "wo_bias": ("embed",),
         }
-        v = tef.LayerNormMLP(32, activations=act, use_bias=True).init(jax.random.key(0), x)
+        v = jax.jit(tef.LayerNormMLP(32, activations=act, use_bias=True).init)(jax.random.key(0), x)
         got = {k: p.names for k, p in v["params"].items()}
         assert got == want
         m = tnnx.LayerNormMLP(16, 32, activations=act, use_bias=True, rngs=nnx.Rngs(0))

@@ -397,7 +397,7 @@ def _reference_block(params, x, act, eps):
 
 def _linen_block(act, x):
     m = tef.LayerNormMLP(N, activations=act.names, use_bias=True)
-    params = nn.meta.unbox(m.init(jax.random.key(0), x)["params"])
+    params = nn.meta.unbox(jax.jit(m.init)(jax.random.key(0), x)["params"])
     return params, lambda p, x: m.apply({"params": p}, x, deterministic=True)[0], m.epsilon
 
 

@@ -168,7 +168,7 @@ def test_once_per_call_site(rng):
 def _linen(rng):
     m = tef.LayerNormMLP(H, activations="gelu", recipe=DelayedScaling())
     x = jnp.asarray(rng.uniform(-1, 1, (2, 16, H)), jnp.bfloat16)
-    variables = m.init(jax.random.key(0), x)
+    variables = jax.jit(m.init)(jax.random.key(0), x)
     params, fp8 = variables["params"], variables[tef.FP8_COLLECTION]
 
     def loss(params, fp8):

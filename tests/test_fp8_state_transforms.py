@@ -306,7 +306,7 @@ class _LinenTwice(nn.Module):
 def test_linen_module_applied_twice_with_a_mutable_collection():
     x = _module_input()
     shared, apart = _LinenTwice(True), _LinenTwice(False)
-    v = shared.init(jax.random.PRNGKey(0), x)
+    v = jax.jit(shared.init)(jax.random.PRNGKey(0), x)
     params, fp8 = v["params"], v["fp8_metas"]
 
     def loss(model, params, fp8):
@@ -335,7 +335,7 @@ def test_linen_scan_over_steps_carrying_the_collection():
         Step, variable_broadcast="params", variable_carry="fp8_metas", split_rngs={"params": False}
     )()
     plain = tef.DenseGeneral(H, activation="gelu", recipe=RECIPES["max"])
-    v = plain.init(jax.random.PRNGKey(0), x)
+    v = jax.jit(plain.init)(jax.random.PRNGKey(0), x)
 
     def scan_loss(fp8):
         vs = {"params": {"d": v["params"]}, "fp8_metas": {"d": fp8}}
@@ -354,7 +354,7 @@ def test_linen_module_under_vmap_equals_the_plain_step():
     """jax.vmap over a LayerNormMLP's apply, the variables shared by the batch."""
     x = _module_input(9)
     mlp = tef.LayerNormMLP(2 * H, activations=("silu", "linear"), recipe=RECIPES["max"])
-    v = mlp.init(jax.random.PRNGKey(0), x)
+    v = jax.jit(mlp.init)(jax.random.PRNGKey(0), x)
 
     def loss(fp8, x):
         out, _ = mlp.apply({"params": v["params"], "fp8_metas": fp8}, x)
@@ -418,7 +418,7 @@ def test_linen_gradient_accumulation_with_merge_fp8_metas():
     x = _module_input(12)
     recipe = RECIPES["max"]
     mlp = tef.LayerNormMLP(2 * H, activations="gelu", recipe=recipe)
-    v = mlp.init(jax.random.PRNGKey(0), x)
+    v = jax.jit(mlp.init)(jax.random.PRNGKey(0), x)
 
     def loss(fp8, x):
         out, _ = mlp.apply({"params": v["params"], "fp8_metas": fp8}, x)

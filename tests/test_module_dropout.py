@@ -42,7 +42,8 @@ def _block(family, rate, dims, x):
     eye = jnp.eye(hidden, dtype=jnp.float32)
     if family == "linen":
         m = tef.LayerNormMLP(intermediate_dim=hidden, **_opts(rate, dims))
-        params = m.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x)["params"]
+        keys = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+        params = jax.jit(m.init)(keys, x)["params"]
         params = {**params, "wi_kernel": eye, "wo_kernel": eye}
 
         def run(x, key, deterministic=False):

@@ -8,6 +8,7 @@ the same program (the forward's optimized HLO, metadata aside), bf16 and under d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import flax.linen as nn
@@ -110,7 +111,7 @@ def _families(case: Case, recipe: str):
         settings["recipe"] = RECIPES[recipe]
     x = jnp.zeros(X_SHAPE, jnp.bfloat16)
     linen = case.linen(**case.linen_args, **settings)
-    variables = linen.init(jax.random.key(0), x, **case.call)
+    variables = jax.jit(functools.partial(linen.init, **case.call))(jax.random.key(0), x)
     rng = np.random.default_rng(0)
     params = {
         k: v + jnp.asarray(0.2 * rng.standard_normal(v.shape), v.dtype)
@@ -228,7 +229,7 @@ def test_specs_describe_the_parameters():
     spec = spec_cls.create("t", H, **{n: getattr(linen, n) for n in spec_cls.settings()})
     want = {p.name: (p.shape, jnp.dtype(p.dtype), p.axes) for p in spec.params()}
     assert want["wi_kernel"] == ((H, 2, INTER), jnp.dtype(jnp.bfloat16), ("embed", "act", "mlp"))
-    v = linen.init(jax.random.key(0), jnp.zeros(X_SHAPE, jnp.float32))["params"]
+    v = jax.jit(linen.init)(jax.random.key(0), jnp.zeros(X_SHAPE, jnp.float32))["params"]
     assert {k: (p.value.shape, p.value.dtype, p.names) for k, p in v.items()} == want
     m = tnnx.LayerNormMLP(H, INTER, **opts, rngs=nnx.Rngs(0))
     got = {k: getattr(m, k) for k in want}
