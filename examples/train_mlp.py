@@ -80,7 +80,7 @@ class LinenStack(nn.Module):
 def linen_trainer(args, recipe, x0):
     """``(state, step)``: the Linen model's variables and optimizer state, and a jitted step."""
     model = LinenStack(args.layers, args.intermediate, recipe)
-    variables = model.init(jax.random.key(0), x0)
+    variables = jax.jit(model.init)(jax.random.key(0), x0)  # one compiled program
     params = nn.meta.unbox(variables["params"])
     fp8 = variables.get(tef.FP8_COLLECTION, {})
     tx = optax.adamw(args.lr)

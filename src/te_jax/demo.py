@@ -51,7 +51,7 @@ def run(recipe, args, data, teacher) -> tuple[float, float, float, str]:
     model = Block(args.d_ff, recipe)
     xla_model = Block(args.d_ff, recipe, implementation="xla")
     x0 = data(0)
-    variables = model.init(jax.random.key(1), x0)
+    variables = jax.jit(model.init)(jax.random.key(1), x0)  # one compiled program
     params, fp8 = nn.meta.unbox(variables["params"]), variables.get(tef.FP8_COLLECTION, {})
     tx = optax.adam(3e-3)
     opt = tx.init(params)
@@ -61,7 +61,7 @@ def run(recipe, args, data, teacher) -> tuple[float, float, float, str]:
         out = m.apply({"params": params, tef.FP8_COLLECTION: fp8}, x)
         return jnp.mean(jnp.square(out - y))
 
-    teacher_vars = teacher.init(jax.random.key(2), x0)
+    teacher_vars = jax.jit(teacher.init)(jax.random.key(2), x0)
     grad = jax.jit(jax.value_and_grad(loss_fn, (0, 1)))
     grad_xla = jax.jit(jax.value_and_grad(lambda p, s, x: loss_fn(p, s, x, xla_model), (0, 1)))
 
