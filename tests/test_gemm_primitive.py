@@ -745,7 +745,7 @@ def _bound_config(lhs, rhs, **kw) -> GemmConfig:
 def test_gemm_config_is_the_only_parameter(rng, monkeypatch):
     """The primitive's one parameter is a GemmConfig: hashable (a jit cache key), frozen, with
     the six te_jax_gemm attributes derived from it; ``deterministic`` comes from
-    TE_JAX_DETERMINISTIC or XLA's --xla_gpu_deterministic_ops, read at trace time."""
+    ``te_jax.dispatch.deterministic_gemm`` at trace time (its parsing: tests/test_dispatch.py)."""
     lhs, rhs = random_operands(rng, 4, 16, 8, BF16, rhs_trans=True)
     monkeypatch.delenv("TE_JAX_IMPLEMENTATION", raising=False)  # the primitive, not pure JAX
     monkeypatch.delenv("TE_JAX_DETERMINISTIC", raising=False)
@@ -789,9 +789,6 @@ def test_gemm_config_is_the_only_parameter(rng, monkeypatch):
     monkeypatch.delenv("TE_JAX_DETERMINISTIC")
     assert _bound_config(lhs, rhs, rhs_trans=True).deterministic is False
 
-    monkeypatch.setenv("XLA_FLAGS", " ".join(flags + ["--xla_gpu_deterministic_ops=true"]))
-    assert _bound_config(lhs, rhs, rhs_trans=True).deterministic is True
-
 
 def test_enum_matches_the_cpp_declaration():
     """ffi/gemm/problem.h's ``enum class GemmEpilogue``: the same members and values (names
@@ -816,7 +813,7 @@ def test_enum_matches_the_cpp_declaration():
 
 class ContractEmulator:
     """Stands in for ``base.ffi_call``: checks every buffer and attribute against the te_jax_gemm
-    FFI contract (issue 16) and computes the contract's math in float64 (one rounding)."""
+    FFI contract (ffi/gemm/targets.h) and computes the contract's math in float64 (one rounding)."""
 
     ATTRS = {
         "lhs_trans",

@@ -71,7 +71,7 @@ class DenseConfig:
     features: tuple[int, ...]  # the kernel's non-contracting shape: (N...) or (2, N)
     dtype: np.dtype  # the compute dtype: x's
     implementation: str | None
-    kernel_gemm: bool  # the GEMMs run on te_jax's CUDA handler
+    path: Path  # where the GEMMs run (te_jax.dispatch.decide)
     kernel_dtype: np.dtype  # the kernel's own: quantized from it under a recipe
     kernel_axes: tuple[str | None, ...] | None = None  # logical names: dkernel's sharding
     fold_rows: bool = False  # x's leading axes folded into one row axis (block scaling)
@@ -80,6 +80,11 @@ class DenseConfig:
     @property
     def out_features(self) -> tuple[int, ...]:
         return self.act.output_shape(self.features) if self.act else self.features
+
+    @property
+    def kernel_gemm(self) -> bool:
+        """The GEMMs run on te_jax's CUDA handler (their epilogues then apply the activation)."""
+        return self.path is Path.KERNEL
 
 
 def prepare(
@@ -168,9 +173,11 @@ def prepare(
     if qs is None or k_dtype == jnp.float64:
         kernel = kernel.astype(dtype)
 
-    # Whether the GEMMs run on te_jax's kernel decides where the activation runs (_epilogue).
-    kernel_gemm = dtype != jnp.float64 and (
-        decide(where.removeprefix("te_jax."), impl, dtype, target=GEMM_TARGET) is Path.KERNEL
+    # float64 takes its own pure-JAX path (dense_float64), before any GEMM primitive.
+    path = (
+        Path.XLA
+        if dtype == jnp.float64
+        else decide(where.removeprefix("te_jax."), impl, dtype, target=GEMM_TARGET)
     )
     cfg = DenseConfig(
         act,
@@ -180,7 +187,7 @@ def prepare(
         features,
         np.dtype(dtype),
         impl,
-        kernel_gemm,
+        path,
         np.dtype(kernel.dtype),
         check_logical_axes(where, "kernel_axes", kernel_axes, jnp.ndim(kernel)),
         qs is not None and qs.scaling_mode.impl.gemm_folds_rows,

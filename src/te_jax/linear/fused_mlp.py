@@ -42,7 +42,7 @@ from jax.custom_derivatives import SymbolicZero
 from te_jax import _varying, fp8_autodiff
 from te_jax.activation_ops import act_lu
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
-from te_jax.dispatch import Path, decide
+from te_jax.dispatch import Path
 from te_jax.linear import core
 from te_jax.linear.dense import dense
 from te_jax.linear.matmul import matmul
@@ -160,7 +160,7 @@ def fused_mlp(
         gelu_backward != "dact"
         and q1 is None
         and c1.act is ActivationType.GELU
-        and decide(_WHERE.removeprefix("te_jax."), implementation, c1.dtype) is not Path.XLA
+        and c1.path is not Path.XLA
     )
     x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
     cfg = MLPConfig(c1, c2, dgelu, gelu_backward == "dgelu_bgrad")

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 from te_jax.primitives.gemm import GemmEpilogue, GemmResult, bind_gemm
 from te_jax.quantize.scaled_tensor import ScaledTensor
 
-__all__ = ["matmul", "operand_copy"]
+__all__ = ["matmul"]
 
 
-def operand_copy(contracts_leading: bool) -> str:
+def _operand_copy(contracts_leading: bool) -> str:
     """The copy of a quantized operand the GEMM reads: ``"colwise"`` where it contracts its
     leading axes (the colwise copy stores them last), ``"rowwise"`` where its trailing."""
     return "colwise" if contracts_leading else "rowwise"
@@ -59,7 +59,7 @@ def matmul(
 
     Args:
       lhs, rhs: arrays of one dtype, or two ``ScaledTensor``s of one scaling mode holding the
-        copies this product reads (``operand_copy``).
+        copies this product reads (``_operand_copy``).
       k_ndim: how many axes are contracted.
       lhs_shape, rhs_shape: the logical shapes to view the operands as (reshapes of their own
         shapes; default: their shapes).
@@ -91,7 +91,7 @@ def matmul(
         k_ndim=k_ndim,
         n_ndim=n_ndim,
     )
-    copies = operand_copy(lhs_contracts_leading), operand_copy(not rhs_contracts_trailing)
+    copies = _operand_copy(lhs_contracts_leading), _operand_copy(not rhs_contracts_trailing)
     if quantized and lhs.scaling_mode.impl.gemm_operands == "codes":
         # The TN form: each copy holds its free axes first, then the contracted ones.
         lhs_tn = _free_first(lhs_shape, k_ndim, lhs_contracts_leading)

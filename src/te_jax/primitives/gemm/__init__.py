@@ -11,7 +11,7 @@ from te_jax.primitives.gemm import autodiff  # noqa: F401 -- registers the JVP
 from te_jax.primitives.gemm.config import GemmConfig, GemmResult
 from te_jax.primitives.gemm.epilogue import GemmEpilogue
 from te_jax.primitives.gemm.kernel import FP8_ALIGNMENT, GEMM_WORKSPACE_BYTES, TARGET
-from te_jax.primitives.gemm.primitive import bind_config, bind_gemm, gemm_p
+from te_jax.primitives.gemm.primitive import bind_gemm, gemm_p
 from te_jax.primitives.gemm.reference_results import reference_results
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "GemmConfig",
     "GemmEpilogue",
     "GemmResult",
-    "bind_config",
     "bind_gemm",
     "gemm_p",
     "reference_results",

@@ -62,7 +62,7 @@ from te_jax.primitives.gemm.reference_results import F32, epilogue, reference_re
 from te_jax.primitives.gemm.sharding import make_partitioned_gemm
 from te_jax.quantize import formats
 
-__all__ = ["gemm_p", "bind_gemm", "bind_config"]
+__all__ = ["gemm_p", "bind_gemm"]
 
 _HALF = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
 
@@ -267,11 +267,7 @@ def bind_gemm(
     path = decide(
         "gemm", implementation, lhs.dtype, target=TARGET, kernel_dtypes=checks.KERNEL_DTYPES
     )
-    return bind_config(config, lhs, rhs, bias, aux, lhs_si, rhs_si, pure=path is Path.XLA)
-
-
-def bind_config(config: GemmConfig, lhs, rhs, bias, aux, lhs_si, rhs_si, *, pure: bool = False):
-    """``gemm_p`` (or, ``pure``, its pure-JAX results) on checked operands, absent ones ``(0,)``."""
     operands = (lhs, rhs, bias, aux, lhs_si, rhs_si)
-    outs = grouped(reference_results)(*operands, config) if pure else _bind(*operands, config)
-    return config.unpack(outs)
+    if path is Path.XLA:
+        return config.unpack(grouped(reference_results)(*operands, config))
+    return config.unpack(_bind(*operands, config))
