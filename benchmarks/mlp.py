@@ -180,11 +180,10 @@ def _peak_bytes(step, args) -> int | None:
         return None
 
 
-def _kernels(step, args) -> str:
-    """te_jax custom calls and cuBLAS(Lt) GEMM calls in the compiled step, counted."""
+def _kernels(text: str) -> str:
+    """te_jax custom calls and cuBLAS(Lt) GEMM calls in the compiled step's HLO, counted."""
     import re
 
-    text = step.lower(*args).compile().as_text()
     names = re.findall(r'custom_call_target="([A-Za-z0-9_$]+)"', text)
     counts: dict[str, int] = {}
     for n in names:
@@ -213,10 +212,13 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
                 g = step(state, *sets[0])[1][0]
                 state = _next_state(row, state, g)
         fns[row] = functools.partial(step, state)
-        meta[row] = {
-            "peak_bytes": _peak_bytes(step, (state, *sets[0])),
-            "kernels": _kernels(step, (state, *sets[0])),
-        }
+        hlo = step.lower(state, *sets[0]).compile().as_text()
+        meta[row] = {"peak_bytes": _peak_bytes(step, (state, *sets[0])), "kernels": _kernels(hlo)}
+        if args.hlo:
+            os.makedirs(args.out, exist_ok=True)
+            name = f"mlp_{block}_{row.replace(':', '_')}.hlo.txt"
+            with open(os.path.join(args.out, name), "w") as f:
+                f.write(hlo)
     fns.update(_norm_quantize_fns(rows, te_jax))
     with GpuClockLog() as clocks:
         timings = time_functions(
@@ -496,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=OUT_DIR, help="directory for .md / .json / .png")
     p.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
+    p.add_argument(
+        "--hlo",
+        action="store_true",
+        help="also write each row's compiled step (XLA's optimized HLO) as "
+        "mlp_<block>_<row>.hlo.txt under --out",
+    )
     p.add_argument(
         "--profile",
         default="",

@@ -616,9 +616,14 @@ EXACT_RECIPES = {
 
 
 @pytest.mark.parametrize(
-    "act, dtype",
-    [(None, jnp.float32), (ACT_BY_ALIAS["relu"], jnp.bfloat16)],
-    ids=["gemm-f32", "relu-bf16"],
+    "act, dtype, kernel_dtype",
+    [
+        (None, jnp.float32, jnp.float32),
+        (ACT_BY_ALIAS["relu"], jnp.bfloat16, jnp.bfloat16),
+        # float32 parameters under a bfloat16 step: quantized from float32, dkernel in float32
+        (None, jnp.bfloat16, jnp.float32),
+    ],
+    ids=["gemm-f32", "relu-bf16", "gemm-bf16-f32kernel"],
 )
 @pytest.mark.parametrize(
     "name, lead, k, n",
@@ -627,7 +632,9 @@ EXACT_RECIPES = {
     + [(name, (2, 5), 7, 33) for name in ("delayed", "current")],
     ids=lambda v: v if isinstance(v, str) else None,
 )
-def test_fp8_is_the_product_of_the_dequantized_operands(name, act, dtype, lead, k, n, rng):
+def test_fp8_is_the_product_of_the_dequantized_operands(
+    name, act, dtype, kernel_dtype, lead, k, n, rng
+):
     """SPEC §8: with the operands quantized here (te_jax.quantize, pure JAX) by the same
     quantizers, dense's y, dx and dkernel equal the float64 products of the dequantized operands
     (forward: x rowwise · kernel colwise; dgrad: grad rowwise · kernel rowwise; wgrad: x colwise
@@ -635,13 +642,17 @@ def test_fp8_is_the_product_of_the_dequantized_operands(name, act, dtype, lead, 
     is exact too. Current scaling's scale is Q / max|x| of the tensor itself. The operands'
     magnitudes spread over 2^16 so that MXFP8's rowwise and colwise copies differ (using one for
     the other fails). K and N not multiples of 16 (tensor scaling; MXFP8 needs multiples of 32)
-    take the float32 GEMM on the same dequantized operands, on every platform."""
+    take the float32 GEMM on the same dequantized operands, on every platform. A float32 kernel
+    in a bfloat16 step is quantized from float32, and its wgrad GEMM writes dkernel in float32
+    from the accumulator (no bfloat16 rounding: its bound is float32's), except MXFP8 on the
+    dequantized path (the GEMM in the compute dtype)."""
     recipe = EXACT_RECIPES[name]
     qs = _primed(recipe)
     x, w, b, dy = (
         a if a is None else spread_magnitudes(rng, a)
-        for a in make_operands(rng, (*lead, k), n, dtype, act)
+        for a in make_operands(rng, (*lead, k), n, kernel_dtype, act)
     )
+    x, b, dy = (a if a is None else a.astype(np_dtype(dtype)) for a in (x, b, dy))
     x2, dy2 = x.reshape(-1, k), dy.reshape(-1, n)
     quant = lambda a, role: quantize_xla(jnp.asarray(a), qs.with_layout(role, BOTH))  # noqa: E731
     qx, qk = quant(x2, "x"), quant(w, "kernel")
@@ -665,13 +676,20 @@ def test_fp8_is_the_product_of_the_dequantized_operands(name, act, dtype, lead, 
     dx = do.dequantized_product(
         _exact_dequantized(qg, "rowwise"), _exact_dequantized(qk, "rowwise").T, None, dtype
     )
+    codes = qx.scaling_mode.impl.gemm_operands == "codes"
     dk = do.dequantized_product(
-        _exact_dequantized(qx, "colwise").T, _exact_dequantized(qg, "colwise"), None, dtype
+        _exact_dequantized(qx, "colwise").T,
+        _exact_dequantized(qg, "colwise"),
+        None,
+        kernel_dtype if codes else dtype,
     )
     db = do.rounded(do.colsum(do.exact(dh)), dtype)
     outs = fp8_value_and_grads(x, w, b, qs, dy, names(act))
-    refs = (y.reshape(*lead, n), dx.reshape(*lead, k), dk, db)
-    check_outputs([o[:4] for o in outs], refs, dtype, f"{name} exact")
+    refs = (y.reshape(*lead, n), dx.reshape(*lead, k), None, db)
+    check_outputs([(*o[:2], None, o[3]) for o in outs], refs, dtype, f"{name} exact")
+    for impl, o in zip(("default", "xla"), outs, strict=True):
+        do.assert_bounded(o[2], dk, kernel_dtype, f"{name} exact impl={impl} dkernel")
+    do.assert_agree(outs[0][2], outs[1][2], dk, f"{name} exact dkernel: default vs xla")
 
 
 def _same_quantizer(got, want, what):

@@ -565,7 +565,9 @@ def dgrad(cfg: DenseConfig, res: Residuals, v: GemmViews, dh):
 
 
 def wgrad(cfg: DenseConfig, res: Residuals, v: GemmViews, dh):
-    """``dkernel = xᵀ · dh`` in the kernel's shape (and, under a recipe, its dtype)."""
+    """``dkernel = xᵀ · dh`` in the kernel's shape (and, under a recipe, its dtype: an FP8 GEMM
+    writes it straight from its float32 accumulator, one rounding or none for float32
+    parameters)."""
     kf = cfg.features if res.qs is None else fp8_features(cfg, v)
     dk = matmul(
         res.x,
@@ -574,11 +576,20 @@ def wgrad(cfg: DenseConfig, res: Residuals, v: GemmViews, dh):
         lhs_shape=v.rows + (v.k,),
         rhs_shape=v.rows + kf,
         lhs_contracts_leading=True,
-        out_dtype=None if res.qs is None else cfg.dtype,
+        out_dtype=_wgrad_dtype(cfg, res.qs),
         implementation=cfg.implementation,
     ).out
     dk = logical_constraint(dk.reshape(v.contract + cfg.features), cfg.kernel_axes)
     return dk if res.qs is None else dk.astype(cfg.kernel_dtype)
+
+
+def _wgrad_dtype(cfg: DenseConfig, qs: QuantizerSet | None):
+    """The wgrad GEMM's output dtype: the operands' unquantized; the kernel's own where the GEMM
+    multiplies FP8 codes (no cast pass behind it); the compute dtype where it multiplies
+    dequantized operands (MXFP8 without an MXFP8 GEMM: a float32 GEMM would be slower)."""
+    if qs is None:
+        return None
+    return cfg.kernel_dtype if qs.scaling_mode.impl.gemm_operands == "codes" else cfg.dtype
 
 
 def _next_set(res: Residuals, dh):
