@@ -8,13 +8,28 @@ deviations, not ``E[x²] - E[x]²``) and ``y`` rounded once to x's dtype. With
 ``zero_centered_gamma`` the stored parameter is ``γ - 1`` (initialised to zeros), so weight decay
 pulls the norm towards the identity scale rather than towards zero.
 
-Pure JAX: XLA fuses the statistics and the scale into one or two passes over x.
+Pure JAX, differentiated by a rule of its own (docs/numerics.md §9): the forward keeps the
+per-row statistics (``mean``, ``rstd = 1 / sqrt(var + eps)``, float32) and the backward
+recomputes ``x̂ = (x - mean) · rstd`` from x, so XLA reads x and dy and writes dx, dγ, dβ without
+a float32 copy of ``x̂`` or ``dy · x̂`` in between. The tangent is a ``custom_linear`` (forward
+mode evaluates it, reverse mode runs its transpose, the backward)::
+
+    ẋ̂ = rstd · (ẋc - x̂ · mean(x̂ · ẋc)),  ẋc = ẋ - mean(ẋ)  (rmsnorm: ẋc = ẋ)
+    ẏ = ẋ̂ · g + x̂ · ġ + β̇,                 g = γ (or 1 + γ)
+    backward: u = dy · g,  dx = rstd · (u - mean(u) - x̂ · mean(x̂ · u))  (rmsnorm: no mean(u)),
+              dγ = Σ_rows dy · x̂,  dβ = Σ_rows dy
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
+
+from te_jax.primitives.custom_linear import LinearRule, custom_linear
 
 __all__ = ["NORM_TYPES", "layernorm", "check_norm_type"]
 
@@ -71,12 +86,109 @@ def layernorm(
         raise ValueError(f"{where}: rmsnorm has no beta (got one of shape {jnp.shape(beta)})")
     if beta is not None and jnp.shape(beta) != (h,):
         raise ValueError(f"{where}: beta must be ({h},), got {jnp.shape(beta)}")
-    x32 = jnp.asarray(x).astype(jnp.float32)
-    if kind == "layernorm":
-        x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + epsilon)
-    scale = jnp.asarray(gamma).astype(jnp.float32)
-    y = y * (1.0 + scale if zero_centered_gamma else scale)
+    cfg = _Norm(kind == "layernorm", zero_centered_gamma, float(epsilon))
+    beta = None if beta is None else jnp.asarray(beta)
+    return _norm(jnp.asarray(x), jnp.asarray(gamma), beta, cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Norm:
+    """The static part of one call."""
+
+    centered: bool  # layernorm (subtract the mean); rmsnorm otherwise
+    zero_centered_gamma: bool
+    epsilon: float
+
+
+def _statistics(x, cfg: _Norm):
+    """``(x32 - mean, mean or None, rstd)``: float32, the statistics ``(..., 1)``."""
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True) if cfg.centered else None
+    xc = x32 - mean if cfg.centered else x32
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xc), axis=-1, keepdims=True) + cfg.epsilon)
+    return xc, mean, rstd
+
+
+def _scale(gamma, cfg: _Norm):
+    g = gamma.astype(jnp.float32)
+    return 1.0 + g if cfg.zero_centered_gamma else g
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _norm(x, gamma, beta, cfg: _Norm):
+    return _forward(x, gamma, beta, cfg)
+
+
+def _forward(x, gamma, beta, cfg: _Norm):
+    xc, _, rstd = _statistics(x, cfg)
+    y = xc * rstd * _scale(gamma, cfg)
     if beta is not None:
-        y = y + jnp.asarray(beta).astype(jnp.float32)
-    return y.astype(jnp.result_type(x))
+        y = y + beta.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+@functools.partial(_norm.defjvp, symbolic_zeros=True)
+def _norm_jvp(cfg: _Norm, primals, tangents):
+    x, gamma, beta = primals
+    y = _forward(x, gamma, beta, cfg)
+    present = tuple(t is not None and not isinstance(t, SymbolicZero) for t in tangents)
+    if not any(present):
+        return y, jnp.zeros_like(y)
+    _, mean, rstd = _statistics(x, cfg)
+    res = (x, rstd, gamma) if mean is None else (x, rstd, gamma, mean)
+    beta_dtype = None if beta is None else beta.dtype
+    rule = LinearRule(_tangent, _backward, (cfg, present, beta_dtype))
+    (y_dot,) = custom_linear(rule, res, [t for t, p in zip(tangents, present, strict=True) if p])
+    return y, y_dot
+
+
+def _xhat(res, cfg: _Norm):
+    """``x̂ = (x - mean) · rstd`` from the residuals, float32."""
+    x, rstd = res[0], res[1]
+    x32 = x.astype(jnp.float32)
+    return (x32 - res[3] if cfg.centered else x32) * rstd
+
+
+def _row_mean(a):
+    return jnp.mean(a, axis=-1, keepdims=True)
+
+
+def _tangent(static, res, tangents):
+    """``ẏ`` (module docstring), in x's dtype."""
+    cfg, present, _ = static
+    x, rstd, gamma = res[:3]
+    it = iter(tangents)
+    x_dot, g_dot, b_dot = (next(it) if p else None for p in present)
+    xhat = _xhat(res, cfg)
+    y_dot = jnp.zeros(x.shape, jnp.float32)
+    if x_dot is not None:
+        xc_dot = x_dot.astype(jnp.float32)
+        if cfg.centered:
+            xc_dot = xc_dot - _row_mean(xc_dot)
+        xhat_dot = rstd * (xc_dot - xhat * _row_mean(xhat * xc_dot))
+        y_dot = y_dot + xhat_dot * _scale(gamma, cfg)
+    if g_dot is not None:
+        y_dot = y_dot + xhat * g_dot.astype(jnp.float32)
+    if b_dot is not None:
+        y_dot = y_dot + b_dot.astype(jnp.float32)
+    return (y_dot.astype(x.dtype),)
+
+
+def _backward(static, res, cotangents):
+    """``(dx, dγ, dβ)`` of the present tangents (module docstring), each in its input's dtype."""
+    cfg, present, beta_dtype = static
+    x, rstd, gamma = res[:3]
+    (dy,) = cotangents
+    dy32 = dy.astype(jnp.float32)
+    xhat = _xhat(res, cfg)
+    rows = tuple(range(x.ndim - 1))
+    out = []
+    if present[0]:
+        u = dy32 * _scale(gamma, cfg)
+        du = u - _row_mean(u) if cfg.centered else u
+        out.append((rstd * (du - xhat * _row_mean(xhat * u))).astype(x.dtype))
+    if present[1]:
+        out.append(jnp.sum(dy32 * xhat, axis=rows).astype(gamma.dtype))
+    if present[2]:
+        out.append(jnp.sum(dy32, axis=rows).astype(beta_dtype))
+    return tuple(out)
