@@ -8,7 +8,7 @@ deviations, not ``E[x²] - E[x]²``) and ``y`` rounded once to x's dtype. With
 ``zero_centered_gamma`` the stored parameter is ``γ - 1`` (initialised to zeros), so weight decay
 pulls the norm towards the identity scale rather than towards zero.
 
-Pure JAX, differentiated by a rule of its own (docs/numerics.md §9): the forward keeps the
+Pure JAX (docs/numerics.md §9), differentiated by a rule of its own: the forward keeps the
 per-row statistics (``mean``, ``rstd = 1 / sqrt(var + eps)``, float32) and the backward
 recomputes ``x̂ = (x - mean) · rstd`` from x, so XLA reads x and dy and writes dx, dγ, dβ without
 a float32 copy of ``x̂`` or ``dy · x̂`` in between. The tangent is a ``custom_linear`` (forward
