@@ -135,7 +135,10 @@ def _norm_jvp(cfg: _Norm, primals, tangents):
     if not any(present):
         return y, jnp.zeros_like(y)
     _, mean, rstd = _statistics(x, cfg)
-    res = (x, rstd, gamma) if mean is None else (x, rstd, gamma, mean)
+    # The statistics as computed values: without the barrier XLA recomputes them inside each
+    # backward fusion, which then cannot join dγ's column reduction (a float32 dy·x̂ in memory).
+    stats = jax.lax.optimization_barrier(tuple(s for s in (rstd, mean) if s is not None))
+    res = (x, stats[0], gamma, *stats[1:])
     beta_dtype = None if beta is None else beta.dtype
     rule = LinearRule(_tangent, _backward, (cfg, present, beta_dtype))
     (y_dot,) = custom_linear(rule, res, [t for t, p in zip(tangents, present, strict=True) if p])
