@@ -99,7 +99,13 @@ update = jax.jit(lambda q, a: q.update(a))  # eagerly, update would compile op b
 
 @pytest.mark.parametrize(
     "q_dtype,margin,algo,length",
-    [(E4M3, 0, "max", 4), (E5M2, 2, "max", 3), (E4M3, 1, "most_recent", 4), (E4M3, 0, "max", 1)],
+    [
+        (E4M3, 0, "max", 4),
+        (E5M2, 2, "max", 3),
+        (E4M3, 1, "most_recent", 4),
+        (E4M3, 0, "max", 2),
+        (E4M3, 0, "max", 1),
+    ],
 )
 def test_delayed_update_matches_oracle(q_dtype, margin, algo, length):
     q = DelayedScaleQuantizer.create(q_dtype, length, margin, amax_compute_algo=algo)

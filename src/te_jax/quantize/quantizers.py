@@ -353,16 +353,20 @@ class DelayedScaleQuantizer(Quantizer):
 def _delayed_state_math(scale, hist, amax, q_max, margin, algo):
     """docs/numerics.md §4's update on arrays with any leading axes: ``scale (...)``,
     ``hist (..., L)``, ``amax (...)`` -> the next ``(scale, hist)``."""
-    hist = hist.at[..., 0].set(amax)
-    a = hist[..., 0] if algo == "most_recent" else ieee.reduce_max(hist, axis=-1)
+    newest = jnp.asarray(amax, jnp.float32)[..., None]
+    # h[0] = amax; a = max(h): the old slot 0 is never read.
+    current = jnp.concatenate([newest, hist[..., 1:]], axis=-1)
+    a = current[..., 0] if algo == "most_recent" else ieee.reduce_max(current, axis=-1)
     # ieee.div: XLA's native division is not correctly rounded on every backend.
     new_scale = ieee.ldexp(ieee.div(np.float32(q_max), a), -margin)
     keep = ~(ieee.is_positive(a) & jnp.isfinite(a) & jnp.isfinite(new_scale))
     scale = jnp.where(keep, scale, new_scale).astype(jnp.float32)
-    hist = jnp.roll(hist, -1, axis=-1)
-    if hist.shape[-1] > 1:  # slot 0 is written before it is read; L = 1 keeps the newest amax
-        hist = hist.at[..., 0].set(0.0)
-    return scale, hist
+    if hist.shape[-1] == 1:  # L = 1 keeps the newest amax
+        return scale, newest
+    # roll(h, -1) with slot 0 zeroed, written as one concatenation (one fusion, no in-place
+    # update after it): [0, h[2:], amax].
+    zero = jnp.zeros_like(newest)
+    return scale, jnp.concatenate([zero, hist[..., 2:], newest], axis=-1)
 
 
 def _next_delayed_state(scale, hist, amax, q_max, margin, algo):
