@@ -10,6 +10,8 @@ histories are not empty, with margin > 0 and both amax algorithms.
 
 from __future__ import annotations
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -454,3 +456,60 @@ def test_nnx_gradient_accumulation_with_merge_fp8_state():
 def test_merge_fp8_metas_needs_the_recipe():
     with pytest.raises(TypeError, match=r"merging FP8 states needs the modules' recipe"):
         tef.merge_fp8_metas({}, {})
+
+
+def test_gradient_accumulation_quantizes_each_weight_once_per_step():
+    """Gradient accumulation in one jitted step (a scan over micro-batches, the FP8 state held
+    through the step and merged after it): each weight's quantize depends on nothing the loop
+    changes, and XLA hoists it out of the loop, so each weight is quantized once per optimizer
+    step, not once per micro-batch (TransformerEngine's ``is_first_microbatch``), with no
+    caching API. The merged state equals the one-batch step's. Counted in the compiled step:
+    one ``te_jax_quantize`` per kernel, outside the loop's body; the micro-batches' own
+    quantizes (x, the gradient) in it. Fails with XLA's while-loop-invariant-code-motion pass
+    disabled."""
+    if not te_jax.ffi_available(jax.default_backend()):
+        pytest.skip("counts te_jax's quantize kernels: needs the FFI extension")
+    recipe = RECIPES["max"]
+    mlp = tef.LayerNormMLP(3 * H, activations="gelu", recipe=recipe)
+    x = _module_input(14)
+    v = jax.jit(mlp.init)(jax.random.PRNGKey(0), x)
+    n = 2
+
+    def loss(params, fp8, xb):
+        out, _ = mlp.apply({"params": params, "fp8_metas": fp8}, xb)
+        return jnp.sum(jnp.square(out.astype(jnp.float32)))
+
+    @jax.jit
+    def accumulate(params, fp8, x):
+        def body(acc, xb):
+            g_params, g_fp8 = jax.grad(loss, (0, 1))(params, fp8, xb)
+            return jax.tree.map(jnp.add, acc, g_params), g_fp8
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, news = jax.lax.scan(body, zeros, x.reshape(n, -1, *x.shape[1:]))
+        merged = tef.merge_fp8_metas(
+            recipe, fp8, *(jax.tree.map(lambda a, i=i: a[i], news) for i in range(n))
+        )
+        return grads, merged
+
+    _, want = jax.jit(jax.grad(loss, (0, 1)))(v["params"], v["fp8_metas"], x)
+    _, got = accumulate(v["params"], v["fp8_metas"], x)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+    text = accumulate.lower(v["params"], v["fp8_metas"], x).compile().as_text()
+    bodies = set(re.findall(r"body=(%[\w.\-]+)", text))
+    assert bodies, "the scan is no loop: nothing to hoist out of"
+    in_loop, hoisted = [], []
+    for comp in re.split(r"\n(?=\S)", text):  # one computation per block
+        name = comp.split(" ", 1)[0]
+        calls = [
+            line for line in comp.splitlines() if 'custom_call_target="te_jax_quantize"' in line
+        ]
+        (in_loop if name in bodies else hoisted).extend(c.split("custom-call(")[0] for c in calls)
+    kernels = {"wi": f"f8e4m3fn[{H},{3 * H}]", "wo": f"f8e4m3fn[{3 * H},{H}]"}
+    for name, shape in kernels.items():
+        assert sum(shape + "{" in r for r in hoisted) == 1, (name, hoisted)
+        assert not any(shape + "{" in r for r in in_loop), (name, in_loop)
+    # the micro-batches' own quantizes (x, the gradient) stay in the loop
+    assert len(in_loop) == 2, in_loop
