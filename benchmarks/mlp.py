@@ -13,7 +13,10 @@ it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: on
 jitted, default XLA flags. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with the GELU
 backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (dbias_1 a float32
 sum of dh; ``gelu_backward="dgelu"``), ``te_linen:bf16_dgelu_bgrad`` with dbias_1 in the
-epilogue too (``"dgelu_bgrad"``): A/B rows of that fusion, off by default. Every row computes
+epilogue too (``"dgelu_bgrad"``): A/B rows of that fusion, off by default.
+``te_linen:delayed_accum4`` is ``te_linen:delayed`` with the same tokens as 4 micro-batches in
+one jitted ``lax.scan`` (gradient accumulation: parameter gradients summed, FP8 states merged),
+whose weights XLA quantizes once per step (docs/flax.md). Every row computes
 the same step: ``out = block(x)``, the loss ``sum(out · dy)`` and its gradients with respect to
 x, every parameter and (FP8 rows) the FP8 state, whose "gradient" is the next state.
 
@@ -58,6 +61,7 @@ ROWS = (
     "te_linen:bf16_dgelu",
     "te_linen:bf16_dgelu_bgrad",
     "te_linen:delayed",
+    "te_linen:delayed_accum4",
     "te_linen:current",
     "te_nnx:bf16",
     "te_nnx:delayed",
@@ -66,6 +70,9 @@ ROWS = (
 # The te_linen rows with the bf16 GELU backward in the dgrad GEMM's DGELU epilogue (dbias_1 a
 # float32 sum of dh), or DGELU + BGRAD: LayerNormMLP's gelu_backward (te_jax.fused_mlp's).
 GELU_BACKWARD = {"bf16_dgelu": "dgelu", "bf16_dgelu_bgrad": "dgelu_bgrad"}
+# Rows whose step runs its tokens as micro-batches in one jitted scan (gradient accumulation):
+# row -> micro-batch count. XLA hoists the weights' quantizes out of the loop (docs/flax.md).
+ACCUMULATE = {"delayed_accum4": 4}
 # The issue's figures: row -> minimum speedup over flax:bf16.
 WANTED = {
     "te_linen:bf16": 1.05,
@@ -83,6 +90,7 @@ def _recipe(te_jax, name: str):
         "bf16_dgelu": None,
         "bf16_dgelu_bgrad": None,
         "delayed": te_jax.recipe.DelayedScaling(),
+        "delayed_accum4": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
     }[name]
 
@@ -157,14 +165,39 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
 
     # The loss value is returned too: without it XLA drops the second GEMM's forward, whose
     # output only the loss reads.
-    @jax.jit
-    def step(state, x, dy):
+    def one_batch(state, x, dy):
         def loss(s, x):
             return jnp.sum(out(s, x).astype(jnp.float32) * dy)
 
         return jax.value_and_grad(loss, (0, 1))(state, x)
 
-    return state, step
+    if prec not in ACCUMULATE:
+        return state, jax.jit(one_batch)
+    n, recipe = ACCUMULATE[prec], _recipe(te_jax, prec)
+
+    @jax.jit
+    def accumulate(state, x, dy):
+        """The same tokens as ``n`` micro-batches in a scan: parameter gradients summed, the
+        FP8 states merged (te_jax.flax.merge_fp8_metas), x's gradient put back together."""
+        import te_jax.flax as tef
+
+        def body(acc, xd):
+            value, (g, dx) = one_batch(state, *xd)
+            total, g_params = acc
+            return (total + value, jax.tree.map(jnp.add, g_params, g["params"])), (
+                g["fp8_metas"],
+                dx,
+            )
+
+        micro = [a.reshape(n, -1, a.shape[-1]) for a in (x, dy)]
+        zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state["params"]))
+        (value, g_params), (news, dx) = jax.lax.scan(body, zero, micro)
+        fp8 = tef.merge_fp8_metas(
+            recipe, state["fp8_metas"], *(jax.tree.map(lambda a, i=i: a[i], news) for i in range(n))
+        )
+        return value, ({"params": g_params, "fp8_metas": fp8}, dx.reshape(x.shape))
+
+    return state, accumulate
 
 
 def _peak_bytes(step, args) -> int | None:
@@ -206,7 +239,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
     fns, meta = {}, {}
     for row in rows:
         state, step = _step_fn(row, act, hidden, inter, sets[0][0], te_jax)
-        if row.endswith(":delayed") or row.endswith(":fp8_ops"):
+        if row.split(":")[1] in ("delayed", "fp8_ops", *ACCUMULATE):
             # Steady state: the FP8 state after a few steps (scales from real amaxes).
             for _ in range(3):
                 g = step(state, *sets[0])[1][0]
