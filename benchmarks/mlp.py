@@ -71,8 +71,9 @@ ROWS = (
 # float32 sum of dh), or DGELU + BGRAD: LayerNormMLP's gelu_backward (te_jax.fused_mlp's).
 GELU_BACKWARD = {"bf16_dgelu": "dgelu", "bf16_dgelu_bgrad": "dgelu_bgrad"}
 # Rows whose step runs its tokens as micro-batches in one jitted scan (gradient accumulation):
-# row -> micro-batch count. XLA hoists the weights' quantizes out of the loop (docs/flax.md).
-ACCUMULATE = {"delayed_accum4": 4}
+# row -> (the precision it accumulates, micro-batch count). XLA hoists the weights' quantizes
+# out of the loop (docs/flax.md).
+ACCUMULATE = {"delayed_accum4": ("delayed", 4)}
 # The issue's figures: row -> minimum speedup over flax:bf16.
 WANTED = {
     "te_linen:bf16": 1.05,
@@ -90,9 +91,8 @@ def _recipe(te_jax, name: str):
         "bf16_dgelu": None,
         "bf16_dgelu_bgrad": None,
         "delayed": te_jax.recipe.DelayedScaling(),
-        "delayed_accum4": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
-    }[name]
+    }[ACCUMULATE.get(name, (name,))[0]]
 
 
 def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
@@ -173,7 +173,7 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
 
     if prec not in ACCUMULATE:
         return state, jax.jit(one_batch)
-    n, recipe = ACCUMULATE[prec], _recipe(te_jax, prec)
+    n, recipe = ACCUMULATE[prec][1], _recipe(te_jax, prec)
 
     @jax.jit
     def accumulate(state, x, dy):
@@ -200,9 +200,10 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
     return state, accumulate
 
 
-def _peak_bytes(step, args) -> int | None:
+def _peak_bytes(compiled) -> int | None:
+    """The compiled step's peak device memory: arguments + outputs + temporaries - aliased."""
     try:
-        ma = step.lower(*args).compile().memory_analysis()
+        ma = compiled.memory_analysis()
         return int(
             ma.argument_size_in_bytes
             + ma.output_size_in_bytes
@@ -239,14 +240,16 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
     fns, meta = {}, {}
     for row in rows:
         state, step = _step_fn(row, act, hidden, inter, sets[0][0], te_jax)
-        if row.split(":")[1] in ("delayed", "fp8_ops", *ACCUMULATE):
+        prec = row.split(":")[1]
+        if ACCUMULATE.get(prec, (prec,))[0] in ("delayed", "fp8_ops"):
             # Steady state: the FP8 state after a few steps (scales from real amaxes).
             for _ in range(3):
                 g = step(state, *sets[0])[1][0]
                 state = _next_state(row, state, g)
         fns[row] = functools.partial(step, state)
-        hlo = step.lower(state, *sets[0]).compile().as_text()
-        meta[row] = {"peak_bytes": _peak_bytes(step, (state, *sets[0])), "kernels": _kernels(hlo)}
+        compiled = step.lower(state, *sets[0]).compile()
+        hlo = compiled.as_text()
+        meta[row] = {"peak_bytes": _peak_bytes(compiled), "kernels": _kernels(hlo)}
         if args.hlo:
             os.makedirs(args.out, exist_ok=True)
             name = f"mlp_{block}_{row.replace(':', '_')}.hlo.txt"

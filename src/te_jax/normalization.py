@@ -119,8 +119,9 @@ def _norm(x, gamma, beta, cfg: _Norm):
     return _forward(x, gamma, beta, cfg)
 
 
-def _forward(x, gamma, beta, cfg: _Norm):
-    xc, _, rstd = _statistics(x, cfg)
+def _forward(x, gamma, beta, cfg: _Norm, stats=None):
+    """``y`` in x's dtype, from ``_statistics(x, cfg)`` (computed here unless given)."""
+    xc, _, rstd = _statistics(x, cfg) if stats is None else stats
     y = xc * rstd * _scale(gamma, cfg)
     if beta is not None:
         y = y + beta.astype(jnp.float32)
@@ -130,11 +131,12 @@ def _forward(x, gamma, beta, cfg: _Norm):
 @functools.partial(_norm.defjvp, symbolic_zeros=True)
 def _norm_jvp(cfg: _Norm, primals, tangents):
     x, gamma, beta = primals
-    y = _forward(x, gamma, beta, cfg)
+    stats = _statistics(x, cfg)
+    y = _forward(x, gamma, beta, cfg, stats)
     present = tuple(t is not None and not isinstance(t, SymbolicZero) for t in tangents)
     if not any(present):
         return y, jnp.zeros_like(y)
-    _, mean, rstd = _statistics(x, cfg)
+    _, mean, rstd = stats
     # The statistics as computed values: without the barrier XLA recomputes them inside each
     # backward fusion, which then cannot join dγ's column reduction (a float32 dy·x̂ in memory).
     stats = jax.lax.optimization_barrier(tuple(s for s in (rstd, mean) if s is not None))
