@@ -36,6 +36,7 @@ from te_jax.recipe import QuantizerSet
 from te_jax.sharding import check_logical_axes, logical_constraint
 
 __all__ = [
+    "EPILOGUE_ACTIVATIONS",
     "DenseConfig",
     "GemmViews",
     "Residuals",
@@ -389,6 +390,10 @@ def views(lead: tuple[int, ...], cfg: DenseConfig) -> GemmViews:
     m = math.prod(lead)
     rows = (m,) if cfg.fold_rows or not lead else tuple(lead)
     return GemmViews(m, math.prod(cfg.contract), math.prod(cfg.features), lead, cfg.contract, rows)
+
+
+# The activations te_jax's GEMM can apply in its epilogue (on its CUDA handler).
+EPILOGUE_ACTIVATIONS = (ActivationType.GELU, ActivationType.RELU)
 
 
 def epilogue_for(cfg: DenseConfig, residuals: bool = True) -> GemmEpilogue:

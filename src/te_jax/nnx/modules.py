@@ -40,7 +40,7 @@ Initializer = Callable[..., jax.Array]
 _KERNEL_INIT = KERNEL_INIT
 
 
-def _param(value, axes) -> nnx.Param:
+def param_with_axes(value, axes) -> nnx.Param:
     """``nnx.Param(value)`` with logical axis names ``axes`` (``None``: none). Inside a mesh
     context Flax shards the value as it is created (eager sharding); outside one the names are
     only recorded, for ``nnx.get_partition_spec`` later."""
@@ -66,7 +66,7 @@ def _own(module: nnx.Module, spec, rngs: nnx.Rngs, names: tuple[str, ...]) -> No
     module.spec = spec
     params = spec.params()
     for p in params:
-        setattr(module, p.name, _param(p.initial_value(rngs.params()), p.axes))
+        setattr(module, p.name, param_with_axes(p.initial_value(rngs.params()), p.axes))
     for name in names:
         if name not in {p.name for p in params}:
             setattr(module, name, None)

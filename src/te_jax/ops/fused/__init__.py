@@ -1,0 +1,17 @@
+"""te_jax's fusions, registered with ``te_jax.ops`` when it is imported."""
+
+from te_jax.ops.fused.activation_bias_backward import (
+    BackwardActivationBias,
+    fuse_backward_activation_bias,
+)
+from te_jax.ops.fused.linear_bias_activation import (
+    ForwardLinearBiasActivation,
+    fuse_forward_linear_bias_activation,
+)
+
+__all__ = [
+    "ForwardLinearBiasActivation",
+    "BackwardActivationBias",
+    "fuse_forward_linear_bias_activation",
+    "fuse_backward_activation_bias",
+]

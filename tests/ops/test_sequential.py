@@ -1,0 +1,304 @@
+"""te_jax.ops.Sequential: the fused plan against the unfused one (every activation, each
+recipe), against te_jax's LayerNormMLP module, the plans it builds, FP8 state, transforms and
+errors."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import helpers
+import te_jax
+from te_jax import ops
+from te_jax.activation_types import ActivationType
+from te_jax.nnx import FP8Meta, update_fp8_state
+
+D, F = 32, 64  # hidden, intermediate
+RECIPES = {
+    "bf16": None,
+    "delayed": te_jax.recipe.DelayedScaling(),
+    "current": te_jax.recipe.CurrentScaling(),
+    "mxfp8": te_jax.recipe.MXFP8BlockScaling(),
+}
+
+
+def mlp(
+    act,
+    recipe=None,
+    fuse=True,
+    norm=ops.LayerNorm,
+    seed=0,
+    residual=True,
+    bias_init=None,
+):
+    bias_init = bias_init or nnx.initializers.normal(0.5)
+    gated = ActivationType.parse(act).is_gated
+    wide = 2 * F if gated else F
+    tail = (ops.AddResidual(),) if residual else ()
+    head = (norm(D),) if norm is not None else ()
+    return ops.Sequential(
+        *head,
+        ops.Linear(D, wide),
+        ops.Bias(wide, bias_init=bias_init),
+        ops.Activation(act),
+        ops.Linear(F, D),
+        ops.Bias(D, bias_init=bias_init),
+        *tail,
+        recipe=recipe,
+        fuse=fuse,
+        rngs=nnx.Rngs(seed),
+    )
+
+
+def x_of(shape=(2, 32, D), seed=1):
+    return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.bfloat16)
+
+
+def loss(model, x):
+    """Quadratic in the output, weighted: its gradients reach every rounding and scale."""
+    y = model(x)
+    w = jax.random.normal(jax.random.PRNGKey(9), y.shape)
+    yf = y.astype(jnp.float32)
+    return jnp.sum(w * yf * yf) / y.size * 64.0, y
+
+
+@functools.cache
+def _step():
+    diff = nnx.DiffState(0, (nnx.Param, FP8Meta))
+    return nnx.jit(nnx.grad(loss, argnums=diff, has_aux=True))
+
+
+def step(model, x):
+    """``(gradients incl. the next FP8 state, y)`` of one jitted step."""
+    return _step()(model, x)
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
+
+
+@pytest.mark.parametrize(
+    "act,recipe",
+    [(a.alias, "delayed") for a in helpers.ACTS]
+    + [(a, r) for a in ("gelu", "swiglu") for r in ("bf16", "current", "mxfp8")],
+)
+def test_fused_equals_unfused(act, recipe):
+    """Outputs, gradients and next FP8 state bit for bit, except dbias_1, which the fused dact +
+    dbias sums from float32 dh where the unfused Bias sums the rounded dh (one bf16 rounding
+    per element). Zero biases: the fused GEMM adds the bias to its float32 accumulator, the
+    unfused Bias to the rounded product (one more rounding of h; the module test covers
+    non-zero biases in the fused GEMM)."""
+    x = x_of()
+    zero = nnx.initializers.zeros
+    # No norm or residual: the fusions' ops alone (a smaller program to compile).
+    small = dict(norm=None, residual=False, bias_init=zero)
+    fused = mlp(act, RECIPES[recipe], **small)
+    unfused = mlp(act, RECIPES[recipe], fuse=False, **small)
+    g1, y1 = step(fused, x)
+    g0, y0 = step(unfused, x)
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))
+    p1, p0 = nnx.state(g1, nnx.Param), nnx.state(g0, nnx.Param)
+    for (path, a), (_, b) in zip(
+        jax.tree_util.tree_leaves_with_path(p1),
+        jax.tree_util.tree_leaves_with_path(p0),
+        strict=True,
+    ):
+        bound = 2 * 2.0**-8 if "[1]['bias']" in jax.tree_util.keystr(path) else 0.0
+        assert _rel(a, b) <= bound, (jax.tree_util.keystr(path), _rel(a, b))
+    s1, s0 = nnx.state(g1, FP8Meta), nnx.state(g0, FP8Meta)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), s1, s0)
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("recipe", ["bf16", "delayed"])
+def test_equals_the_layernorm_mlp_module(act, recipe):
+    """The Sequential MLP computes what te_jax.nnx.LayerNormMLP computes (same parameters):
+    the framework adds no arithmetic of its own."""
+    gated = ActivationType.parse(act).is_gated
+    seq = mlp(act, RECIPES[recipe], residual=False)
+    mod = te_jax.nnx.LayerNormMLP(
+        D, F, activations=act, use_bias=True, recipe=RECIPES[recipe], rngs=nnx.Rngs(0)
+    )
+    o = seq.ops
+    k1 = o[1].kernel[...]
+    mod.wi_kernel[...] = k1.reshape(D, 2, F) if gated else k1
+    mod.wi_bias[...] = o[2].bias[...].reshape(mod.wi_bias[...].shape)
+    mod.wo_kernel[...] = o[4].kernel[...]
+    mod.wo_bias[...] = o[5].bias[...]
+    x = x_of()
+
+    def mod_loss(m, x):
+        y = m(x)[0]
+        w = jax.random.normal(jax.random.PRNGKey(9), y.shape)
+        yf = y.astype(jnp.float32)
+        return jnp.sum(w * yf * yf) / y.size * 64.0, y
+
+    diff = nnx.DiffState(0, (nnx.Param, FP8Meta))
+    gm, ym = nnx.jit(nnx.grad(mod_loss, argnums=diff, has_aux=True))(mod, x)
+    gs, ys = step(seq, x)
+    np.testing.assert_array_equal(np.asarray(ys), np.asarray(ym))
+    pairs = {
+        "wi_kernel": gs.ops[1].kernel,
+        "wo_kernel": gs.ops[4].kernel,
+        "wo_bias": gs.ops[5].bias,
+        "wi_bias": gs.ops[2].bias,
+        "scale": gs.ops[0].scale,
+    }
+    # The module rounds dbias and the norm's gradients to the compute dtype (its ops return
+    # them in bf16); the Sequential's are float32 sums: one bf16 rounding apart.
+    for name, g in pairs.items():
+        want = np.asarray(getattr(gm, name)[...]).reshape(np.shape(g[...]))
+        bound = 1e-6 if "kernel" in name else 2.0**-8
+        assert _rel(g[...], want) <= bound, (name, _rel(g[...], want))
+
+
+def test_fused_plans():
+    plan = [repr(op) for op in mlp("gelu").fused_plan()]
+    assert plan == [
+        "LayerNorm",
+        "ForwardLinearBiasActivation(Linear, Bias, Activation)",
+        "ForwardLinearBiasActivation(Linear, Bias)",
+        "AddResidual",
+    ]
+    assert [repr(op) for op in mlp("gelu").fused_plan("backward")] == [
+        "LayerNorm",
+        "Linear",
+        "BackwardActivationBias(Bias, Activation)",
+        "Linear",
+        "Bias",
+        "AddResidual",
+    ]
+    # No epilogue for SwiGLU: the GEMM takes the bias, the activation runs as its own kernel.
+    assert [repr(op) for op in mlp("swiglu").fused_plan()][1:3] == [
+        "ForwardLinearBiasActivation(Linear, Bias)",
+        "Activation",
+    ]
+    assert all(
+        repr(op).startswith(("Linear", "Bias", "Activation", "LayerNorm", "AddResidual"))
+        for op in mlp("gelu", fuse=False).fused_plan()
+    )
+
+
+def test_row_parallel_and_user_ops_are_left_alone():
+    from .test_basic_ops import Double
+
+    seq = ops.Sequential(
+        ops.Linear(D, F, parallel_mode="row"),
+        ops.Bias(F),
+        ops.Activation("gelu"),
+        ops.Linear(F, D),
+        ops.Bias(D),
+        Double(),
+        ops.Activation("relu"),
+        rngs=nnx.Rngs(0),
+    )
+    assert [repr(op) for op in seq.fused_plan()] == [
+        "Linear",
+        "Bias",
+        "Activation",
+        "ForwardLinearBiasActivation(Linear, Bias)",
+        "Double",
+        "Activation",
+    ]
+    assert [repr(op) for op in seq.fused_plan("backward")][:2] == [
+        "Linear",
+        "BackwardActivationBias(Bias, Activation)",
+    ]
+    g, y = step(seq, x_of())
+    assert y.shape == (2, 32, D) and np.isfinite(np.asarray(y)).all()
+
+
+def test_parameters_are_the_same_with_fusion_on_and_off():
+    a, b = (
+        nnx.state(mlp("swiglu", RECIPES["delayed"])),
+        nnx.state(mlp("swiglu", RECIPES["delayed"], fuse=False)),
+    )
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    jax.tree.map(lambda u, v: np.testing.assert_array_equal(np.asarray(u), np.asarray(v)), a, b)
+
+
+def test_delayed_scaling_state_advances():
+    seq = mlp("gelu", RECIPES["delayed"])
+    x = x_of()
+    before = jax.tree.map(np.array, nnx.state(seq, FP8Meta))  # a copy, not the live variables
+    g, _ = step(seq, x)
+    update_fp8_state(seq, g)
+    after = nnx.state(seq, FP8Meta)
+    q = after["ops"][1]["quantizers"]
+    for role in ("x", "kernel", "grad"):
+        hist = np.asarray(q[f"{role}_amax_history"][...])
+        assert hist[-1] > 0, role  # this step's amax recorded
+    changed = jax.tree.map(lambda u, v: bool(np.any(np.asarray(u) != np.asarray(v))), before, after)
+    assert all(jax.tree.leaves(changed))
+    # The next step quantizes with the new scales (different output, same shapes).
+    update_fp8_state(seq, step(seq, x)[0])
+    assert np.asarray(nnx.state(seq, FP8Meta)["ops"][4]["quantizers"]["x_scale"][...]) != 1.0
+
+
+def test_scan_over_layers_with_remat():
+    """nnx.scan over a stack of Sequential blocks (parameters and FP8 state stacked), with
+    nnx.remat, equals the layers applied one by one."""
+
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def make(seed):
+        return mlp("gelu", RECIPES["current"], seed=0)
+
+    layers = make(jnp.arange(2))
+
+    @nnx.remat
+    def body(layer, h):
+        return layer(h)
+
+    @nnx.jit
+    def scanned(layers, x):
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=nnx.Carry)
+        def run(layer, h):
+            return body(layer, h)
+
+        return run(layers, x)
+
+    x = x_of()
+    y = scanned(layers, x)
+    single = mlp("gelu", RECIPES["current"], seed=0)
+    twice = nnx.jit(lambda m, x: m(m(x)))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(twice(single, x)))
+    g = nnx.grad(lambda m, x: jnp.sum(scanned(m, x).astype(jnp.float32) ** 2))(layers, x)
+    assert g.ops[1].kernel[...].shape == (2, D, F)
+
+
+def test_errors_name_the_op_and_its_index():
+    seq = ops.Sequential(ops.Linear(D, F), ops.Bias(D), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"Bias \(operation 1\).*\(\.\.\., 32\).*64"):
+        seq(x_of())
+    with pytest.raises(ValueError, match=r"Linear \(operation 0\).*\(\.\.\., 32\)"):
+        ops.Sequential(ops.Linear(D, F), rngs=nnx.Rngs(0))(x_of((2, 16)))
+    with pytest.raises(ValueError, match="Activation: .*nope"):
+        ops.Activation("nope")
+    with pytest.raises(ValueError, match="recipe .*no operation quantizes"):
+        ops.Sequential(ops.Bias(D), recipe=RECIPES["delayed"], rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"Linear \(operation 0\).*rngs"):
+        ops.Sequential(ops.Linear(D, F))
+    with pytest.raises(TypeError, match="operation 1 is a int"):
+        ops.Sequential(ops.Identity(), 3)
+    with pytest.raises(ValueError, match=r"gated SWIGLU .*odd"):
+        ops.Sequential(ops.Activation("swiglu"))(x_of((2, 3)))
+    with pytest.raises(ValueError, match="extra inputs given"):
+        ops.Sequential(ops.Identity())(x_of(), x_of())
+
+
+def test_delayed_state_left_undifferentiated_warns():
+    seq = mlp("gelu", RECIPES["delayed"])
+    with pytest.warns(te_jax.fp8_autodiff.FP8StateNotUpdatedWarning):
+        nnx.jit(nnx.grad(lambda m, x: loss(m, x)[0]))(seq, x_of())
+
+
+def test_forward_mode_is_a_clear_error():
+    seq = mlp("gelu")
+    with pytest.raises(TypeError, match="te_jax.ops.Sequential: forward-mode"):
+        jax.jvp(lambda x: seq(x), (x_of(),), (x_of(),))
