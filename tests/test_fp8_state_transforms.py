@@ -458,12 +458,18 @@ def test_merge_fp8_metas_needs_the_recipe():
         tef.merge_fp8_metas({}, {})
 
 
+@pytest.mark.xfail(
+    jax.default_backend() == "gpu",
+    reason="XLA:GPU keeps the loop-invariant weight quantizes in the scan's body (docs/flax.md)",
+    strict=True,
+)
 def test_gradient_accumulation_quantizes_each_weight_once_per_step():
     """Gradient accumulation in one jitted step (a scan over micro-batches, the FP8 state held
     through the step and merged after it): each weight's quantize depends on nothing the loop
     changes, and XLA hoists it out of the loop, so each weight is quantized once per optimizer
     step, not once per micro-batch (TransformerEngine's ``is_first_microbatch``), with no
-    caching API. The merged state equals the one-batch step's. Counted in the compiled step:
+    caching API (XLA:CPU; XLA:GPU does not hoist them: an expected failure there). The merged
+    state equals the one-batch step's. Counted in the compiled step:
     one ``te_jax_quantize`` per kernel, outside the loop's body; the micro-batches' own
     quantizes (x, the gradient) in it. Fails with XLA's while-loop-invariant-code-motion pass
     disabled."""

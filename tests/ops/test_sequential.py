@@ -102,14 +102,22 @@ def test_fused_equals_unfused(act, recipe):
     unfused = mlp(act, RECIPES[recipe], fuse=False, **small)
     g1, y1 = step(fused, x)
     g0, y0 = step(unfused, x)
-    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))
+    # On te_jax's CUDA GEMM GELU runs in the fused GEMM's epilogue on the float32 accumulator
+    # where no FP8 hand-off to the next Linear takes the act_lu path (unquantized, and MXFP8,
+    # whose hand-off is off); unfused, act_lu reads the rounded h: a bf16 rounding of h apart.
+    epilogue = recipe in ("bf16", "mxfp8") and act == "gelu" and jax.default_backend() == "gpu"
+    if epilogue:
+        assert _rel(y1, y0) <= 4 * 2.0**-8
+    else:
+        np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))
     p1, p0 = nnx.state(g1, nnx.Param), nnx.state(g0, nnx.Param)
     for (path, a), (_, b) in zip(
         jax.tree_util.tree_leaves_with_path(p1),
         jax.tree_util.tree_leaves_with_path(p0),
         strict=True,
     ):
-        bound = 2 * 2.0**-8 if "[1]['bias']" in jax.tree_util.keystr(path) else 0.0
+        bias_1 = "[1]['bias']" in jax.tree_util.keystr(path)
+        bound = 4 * 2.0**-8 if epilogue else 2 * 2.0**-8 if bias_1 else 0.0
         assert _rel(a, b) <= bound, (jax.tree_util.keystr(path), _rel(a, b))
     s1, s0 = nnx.state(g1, FP8Meta), nnx.state(g0, FP8Meta)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), s1, s0)
@@ -267,7 +275,10 @@ def test_scan_over_layers_with_remat():
     y = scanned(layers, x)
     single = mlp("gelu", RECIPES["current"], seed=0)
     twice = nnx.jit(lambda m, x: m(m(x)))
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(twice(single, x)))
+    if jax.default_backend() == "cpu":
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(twice(single, x)))
+    else:  # two programs: te_jax's GEMM may time different algorithms (summation orders)
+        assert _rel(y, twice(single, x)) <= 2.0**-4
     g = nnx.grad(lambda m, x: jnp.sum(scanned(m, x).astype(jnp.float32) ** 2))(layers, x)
     assert g.ops[1].kernel[...].shape == (2, D, F)
 
