@@ -313,3 +313,44 @@ def test_forward_mode_is_a_clear_error():
     seq = mlp("gelu")
     with pytest.raises(TypeError, match="te_jax.ops.Sequential: forward-mode"):
         jax.jvp(lambda x: seq(x), (x_of(),), (x_of(),))
+
+
+def test_a_fusion_of_your_own():
+    """A user fusion registered in both directions replaces its pattern in both plans and
+    computes what the unfused ops compute."""
+    from .test_basic_ops import Double
+
+    class Halve(ops.BasicOperation):
+        def op_forward(self, ctx, x, args, **_):
+            return x / 2
+
+        def op_backward(self, ctx, dy):
+            return dy / 2, {}
+
+    class DoubleHalve(ops.FusedOperation):
+        def fuser_forward(self, ctxs, x, *, args, next_op_input_quantizer):
+            return x
+
+        def fuser_backward(self, ctxs, dy, *, prev_op_grad_output_quantizer):
+            return dy, [ops.OpGrads(), ops.OpGrads()]
+
+    def fuse_double_halve(plan):
+        return ops.fuse_pattern(plan, (Double, Halve), DoubleHalve)
+
+    ops.register_forward_fusion(fuse_double_halve)
+    ops.register_backward_fusion(fuse_double_halve)
+    seq = ops.Sequential(ops.Linear(D, D), Double(), Halve(), ops.Bias(D), rngs=nnx.Rngs(0))
+    assert [repr(op) for op in seq.fused_plan()][1] == "DoubleHalve(Double, Halve)"
+    assert [repr(op) for op in seq.fused_plan("backward")][1] == "DoubleHalve(Double, Halve)"
+    unfused = ops.Sequential(
+        ops.Linear(D, D), Double(), Halve(), ops.Bias(D), rngs=nnx.Rngs(0), fuse=False
+    )
+    g1, y1 = step(seq, x_of())
+    g0, y0 = step(unfused, x_of())
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))
+
+    def bad(plan):
+        return plan[:-1]
+
+    with pytest.raises(ValueError, match="changed the sequence's basic ops"):
+        ops.registry.build_plan(list(seq.ops), [bad])
