@@ -83,23 +83,57 @@ def _rel(a, b) -> float:
     return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
 
 
-@pytest.mark.parametrize(
-    "act,recipe",
-    [(a.alias, "delayed") for a in helpers.ACTS]
-    + [(a, r) for a in ("gelu", "swiglu") for r in ("bf16", "current", "mxfp8")],
-)
-def test_fused_equals_unfused(act, recipe):
-    """Outputs, gradients and next FP8 state bit for bit, except dbias_1, which the fused dact +
-    dbias sums from float32 dh where the unfused Bias sums the rounded dh (one bf16 rounding
-    per element). Zero biases: the fused GEMM adds the bias to its float32 accumulator, the
-    unfused Bias to the rounded product (one more rounding of h; the module test covers
-    non-zero biases in the fused GEMM)."""
-    x = x_of()
+def lba(act, recipe=None, fuse=True):
+    """``[Linear, Bias, Activation, Linear]``: no MLP fusion (no second bias), so the forward
+    runs ForwardLinearBiasActivation and the backward BackwardActivationBias, with the FP8
+    hand-offs to and from the second Linear."""
+    gated = ActivationType.parse(act).is_gated
+    wide = 2 * F if gated else F
     zero = nnx.initializers.zeros
-    # No norm or residual: the fusions' ops alone (a smaller program to compile).
-    small = dict(norm=None, residual=False, bias_init=zero)
-    fused = mlp(act, RECIPES[recipe], **small)
-    unfused = mlp(act, RECIPES[recipe], fuse=False, **small)
+    return ops.Sequential(
+        ops.Linear(D, wide),
+        ops.Bias(wide, bias_init=zero),
+        ops.Activation(act),
+        ops.Linear(F, D),
+        recipe=recipe,
+        fuse=fuse,
+        rngs=nnx.Rngs(0),
+    )
+
+
+FUSED_CASES = (
+    [("mlp", a.alias, "delayed") for a in helpers.ACTS]
+    + [("mlp", a, r) for a, r in (("gelu", "current"), ("swiglu", "bf16"), ("gelu", "mxfp8"))]
+    + [
+        ("lba", a, r)
+        for a, r in (
+            ("gelu", "bf16"),
+            ("gelu", "delayed"),
+            ("swiglu", "delayed"),
+            ("swiglu", "mxfp8"),
+            ("relu", "current"),
+        )
+    ]
+)
+
+
+@pytest.mark.parametrize("pattern,act,recipe", FUSED_CASES, ids=["-".join(c) for c in FUSED_CASES])
+def test_fused_equals_unfused(pattern, act, recipe):
+    """Outputs, gradients and next FP8 state bit for bit, except the bias gradients, which the
+    fused ops sum in float32 from float32 dh (the MLP fusion's dbias_2: rounded to the compute
+    dtype, as te_jax.fused_mlp does) where the unfused Bias sums the rounded dh (one bf16
+    rounding per element). Zero biases: the fused GEMM adds the bias to its float32
+    accumulator, the unfused Bias to the rounded product (one more rounding of h; the module
+    test covers non-zero biases in the fused GEMM)."""
+    x = x_of()
+    if pattern == "mlp":
+        small = dict(norm=None, residual=False, bias_init=nnx.initializers.zeros)
+        fused = mlp(act, RECIPES[recipe], **small)
+        unfused = mlp(act, RECIPES[recipe], fuse=False, **small)
+        assert "MLP(" in repr(fused.fused_plan()[0])
+    else:
+        fused, unfused = lba(act, RECIPES[recipe]), lba(act, RECIPES[recipe], fuse=False)
+        assert "BackwardActivationBias" in repr(fused.fused_plan("backward"))
     g1, y1 = step(fused, x)
     g0, y0 = step(unfused, x)
     # On te_jax's CUDA GEMM GELU runs in the fused GEMM's epilogue on the float32 accumulator
@@ -116,8 +150,8 @@ def test_fused_equals_unfused(act, recipe):
         jax.tree_util.tree_leaves_with_path(p0),
         strict=True,
     ):
-        bias_1 = "[1]['bias']" in jax.tree_util.keystr(path)
-        bound = 4 * 2.0**-8 if epilogue else 2 * 2.0**-8 if bias_1 else 0.0
+        bias = "bias" in jax.tree_util.keystr(path)
+        bound = 4 * 2.0**-8 if epilogue else 2 * 2.0**-8 if bias else 0.0
         assert _rel(a, b) <= bound, (jax.tree_util.keystr(path), _rel(a, b))
     s1, s0 = nnx.state(g1, FP8Meta), nnx.state(g0, FP8Meta)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), s1, s0)
@@ -167,30 +201,40 @@ def test_equals_the_layernorm_mlp_module(act, recipe):
 
 
 def test_fused_plans():
-    plan = [repr(op) for op in mlp("gelu").fused_plan()]
-    assert plan == [
+    assert [repr(op) for op in mlp("gelu").fused_plan()] == [
         "LayerNorm",
-        "ForwardLinearBiasActivation(Linear, Bias, Activation)",
-        "ForwardLinearBiasActivation(Linear, Bias)",
+        "MLP(Linear, Bias, Activation, Linear, Bias)",
         "AddResidual",
     ]
     assert [repr(op) for op in mlp("gelu").fused_plan("backward")] == [
         "LayerNorm",
+        "MLP(Linear, Bias, Activation, Linear, Bias)",
+        "AddResidual",
+    ]
+    assert [repr(op) for op in lba("gelu").fused_plan()] == [
+        "ForwardLinearBiasActivation(Linear, Bias, Activation)",
+        "Linear",
+    ]
+    assert [repr(op) for op in lba("gelu").fused_plan("backward")] == [
         "Linear",
         "BackwardActivationBias(Bias, Activation)",
+        "Linear",
+    ]
+    # No epilogue for SwiGLU: the GEMM takes the bias, the activation runs as its own kernel.
+    assert [repr(op) for op in lba("swiglu").fused_plan()] == [
+        "ForwardLinearBiasActivation(Linear, Bias)",
+        "Activation",
+        "Linear",
+    ]
+    assert [repr(op) for op in mlp("gelu", fuse=False).fused_plan()] == [
+        "LayerNorm",
+        "Linear",
+        "Bias",
+        "Activation",
         "Linear",
         "Bias",
         "AddResidual",
     ]
-    # No epilogue for SwiGLU: the GEMM takes the bias, the activation runs as its own kernel.
-    assert [repr(op) for op in mlp("swiglu").fused_plan()][1:3] == [
-        "ForwardLinearBiasActivation(Linear, Bias)",
-        "Activation",
-    ]
-    assert all(
-        repr(op).startswith(("Linear", "Bias", "Activation", "LayerNorm", "AddResidual"))
-        for op in mlp("gelu", fuse=False).fused_plan()
-    )
 
 
 def test_row_parallel_and_user_ops_are_left_alone():

@@ -51,7 +51,7 @@ from te_jax.primitives.gemm import GemmEpilogue
 from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.recipe import QuantizerSet
 
-__all__ = ["fused_mlp", "GELU_BACKWARDS"]
+__all__ = ["fused_mlp", "GELU_BACKWARDS", "MLPConfig", "configure", "forward", "backward"]
 
 _WHERE = "te_jax.fused_mlp"
 _LAST = ((-1,), (0,))
@@ -108,52 +108,61 @@ def fused_mlp(
     Returns:
       ``out (..., *F)`` in x's dtype.
     """
+    prepared = configure(
+        x, kernel_1, kernel_2, bias_1, bias_2, activation_type, quantizer_sets, act_params,
+        implementation, kernel_axes, gelu_backward, _WHERE,
+    )
+    if prepared is None:
+        # float64 (pure JAX), or one GEMM quantized and not the other: nothing crosses the
+        # boundary fused, so the two dense calls are the op.
+        qs = _quantizer_sets(quantizer_sets)
+        h = dense(
+            x, kernel_1, bias_1, activation_type, qs[0], act_params,
+            implementation=implementation, kernel_axes=kernel_axes[0],
+        )
+        return dense(
+            h, kernel_2, bias_2, None, qs[1], implementation=implementation,
+            kernel_axes=kernel_axes[1],
+        )
+    cfg, (x, k1, b1, k2, b2, q1, q2) = prepared
+    x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
+    if q1 is None:
+        return _mlp_unquantized(x, k1, b1, k2, b2, cfg)
+    return fp8_autodiff.reverse_mode_only(_WHERE, _mlp, x, k1, b1, k2, b2, q1, q2, cfg)
+
+
+def configure(
+    x, kernel_1, kernel_2, bias_1, bias_2, activation_type, quantizer_sets, act_params,
+    implementation, kernel_axes, gelu_backward="dact", where=_WHERE,
+):
+    """The checked ``MLPConfig`` of one call and its operands as the GEMMs take them
+    (``(cfg, (x, kernel_1, bias_1, kernel_2, bias_2, q1, q2))``), or ``None`` where the call
+    is two ``dense`` calls (float64, or one GEMM quantized and not the other). ``where`` names
+    the public op in errors."""
     if activation_type is None:
-        raise ValueError(f"{_WHERE}: activation_type is required (the MLP's activation)")
+        raise ValueError(f"{where}: activation_type is required (the MLP's activation)")
     if gelu_backward not in GELU_BACKWARDS:
         raise ValueError(
-            f"{_WHERE}: gelu_backward must be one of {', '.join(map(repr, GELU_BACKWARDS))}, got "
+            f"{where}: gelu_backward must be one of {', '.join(map(repr, GELU_BACKWARDS))}, got "
             f"{gelu_backward!r}"
         )
     qs = _quantizer_sets(quantizer_sets)
     axes_1, axes_2 = kernel_axes
     c1, k1, b1, q1 = core.prepare(
-        x,
-        kernel_1,
-        bias_1,
-        activation_type,
-        qs[0],
-        act_params,
-        _LAST,
-        implementation,
-        _WHERE,
+        x, kernel_1, bias_1, activation_type, qs[0], act_params, _LAST, implementation, where,
         kernel_axes=axes_1,
     )
     if len(c1.out_features) != 1:
         raise ValueError(
-            f"{_WHERE}: kernel_1 must be (H, I), or (H, 2, I) for a gated activation; got "
+            f"{where}: kernel_1 must be (H, I), or (H, 2, I) for a gated activation; got "
             f"shape {tuple(jnp.shape(kernel_1))}"
         )
     hidden = jax.ShapeDtypeStruct(tuple(jnp.shape(x))[:-1] + c1.out_features, c1.dtype)
     c2, k2, b2, q2 = core.prepare(
-        hidden, kernel_2, bias_2, None, qs[1], None, _LAST, implementation, _WHERE, axes_2
+        hidden, kernel_2, bias_2, None, qs[1], None, _LAST, implementation, where, axes_2
     )
     if c1.dtype == np.float64 or (q1 is None) != (q2 is None):
-        # float64 (pure JAX), or one GEMM quantized and not the other: nothing crosses the
-        # boundary fused, so the two dense calls are the op.
-        h = dense(
-            x,
-            kernel_1,
-            bias_1,
-            c1.act,
-            q1,
-            c1.params,
-            implementation=implementation,
-            kernel_axes=axes_1,
-        )
-        return dense(
-            h, kernel_2, bias_2, None, q2, implementation=implementation, kernel_axes=axes_2
-        )
+        return None
     # The DGELU epilogue where the GEMM primitive runs: te_jax's kernel, or off a GPU its
     # pure-JAX lowering, which computes the same epilogue.
     dgelu = (
@@ -162,11 +171,8 @@ def fused_mlp(
         and c1.act is ActivationType.GELU
         and c1.path is not Path.XLA
     )
-    x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
     cfg = MLPConfig(c1, c2, dgelu, gelu_backward == "dgelu_bgrad")
-    if q1 is None:
-        return _mlp_unquantized(x, k1, b1, k2, b2, cfg)
-    return fp8_autodiff.reverse_mode_only(_WHERE, _mlp, x, k1, b1, k2, b2, q1, q2, cfg)
+    return cfg, (x, k1, b1, k2, b2, q1, q2)
 
 
 def _quantizer_sets(sets):
@@ -185,15 +191,15 @@ def _quantizer_sets(sets):
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
 def _mlp_unquantized(x, k1, b1, k2, b2, cfg: MLPConfig):
-    return _forward(x, k1, b1, k2, b2, None, None, cfg, residuals=False)[0]
+    return forward(x, k1, b1, k2, b2, None, None, cfg, residuals=False)[0]
 
 
 @functools.partial(_mlp_unquantized.defjvp, symbolic_zeros=True)
 def _mlp_unquantized_jvp(cfg: MLPConfig, primals, tangents):
     """``out`` from the forward that keeps the backward's residuals, and its tangent, the two
     dense tangents in a row (``te_jax.dense.tangent``), as a ``custom_linear`` whose transpose
-    is ``_mlp_bwd``: forward mode evaluates the tangent, reverse mode runs the backward."""
-    out, res = _forward(*primals, None, None, cfg, residuals=True)
+    is ``backward``: forward mode evaluates the tangent, reverse mode runs the backward."""
+    out, res = forward(*primals, None, None, cfg, residuals=True)
     present = tuple(t is not None and not isinstance(t, SymbolicZero) for t in tangents)
     if not any(present):
         return out, jnp.zeros_like(out)
@@ -217,10 +223,10 @@ def _tangent_apply(static, leaves, tangents):
 
 
 def _tangent_transpose(static, leaves, cotangents):
-    """Reverse mode: ``_mlp_bwd``, the cotangents of the tangents present."""
+    """Reverse mode: ``backward``, the cotangents of the tangents present."""
     cfg, tree, present, _ = static
     (dy,) = cotangents
-    cts = _mlp_bwd(cfg, jax.tree.unflatten(tree, leaves), dy)[:5]
+    cts = backward(cfg, jax.tree.unflatten(tree, leaves), dy)[:5]
     return tuple(ct for ct, p in zip(cts, present, strict=True) if p)
 
 
@@ -229,7 +235,7 @@ def _tangent_transpose(static, leaves, cotangents):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _mlp(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig):
-    return _forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=False)[0]
+    return forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=False)[0]
 
 
 def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
@@ -240,10 +246,12 @@ def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
     if fp8_autodiff.under_jvp((operands, q1, q2)):  # jvp of grad: forward over this op
         raise TypeError(fp8_autodiff.forward_mode_message(_WHERE))
     fp8_autodiff.check_state_differentiated(_WHERE, perturbed, [s1, s2])
-    return _forward(*operands, q1, q2, cfg, residuals=True)
+    return forward(*operands, q1, q2, cfg, residuals=True)
 
 
-def _forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool):
+def forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool):
+    """``(out, (res1, res2))``: the MLP's forward (with ``residuals``, each GEMM's
+    ``core.Residuals``, the first's ``act_in`` holding h)."""
     c1, c2 = cfg.first, cfg.second
     if q1 is None:
         y, res1 = core.forward(x, k1, b1, None, c1, residuals)
@@ -274,7 +282,8 @@ def _forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool):
     return out, (res1, res2._replace(quantized_x=None, new_qs=new2))
 
 
-def _mlp_bwd(cfg: MLPConfig, res, dy):
+def backward(cfg: MLPConfig, res, dy):
+    """``(dx, dkernel_1, dbias_1, dkernel_2, dbias_2, next set 1, next set 2)`` from ``dy``."""
     dy = fp8_autodiff.instantiate(dy)
     c1, c2 = cfg.first, cfg.second
     res1, res2 = res
@@ -308,4 +317,4 @@ def _mlp_bwd(cfg: MLPConfig, res, dy):
     return dx.reshape(lead + c1.contract), dk1, db1, dk2, db2, n1, n2
 
 
-_mlp.defvjp(_mlp_fwd, _mlp_bwd, symbolic_zeros=True)
+_mlp.defvjp(_mlp_fwd, backward, symbolic_zeros=True)

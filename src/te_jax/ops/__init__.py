@@ -3,7 +3,8 @@
 ``Sequential(op, op, ...)`` holds basic operations (``Linear``, ``Bias``, ``Activation``,
 ``LayerNorm``, ``RMSNorm``, ``Quantize``, ``Dropout``, ``AddResidual``, ``AddExtraInput``,
 ``Identity``, or a ``BasicOperation`` of your own) and runs them as their fused plan: registered
-fusions replace runs of basic ops by a ``FusedOperation`` (``ForwardLinearBiasActivation``: one
+fusions replace runs of basic ops by a ``FusedOperation`` (``MLP``: the two GEMMs of the MLP as
+one ``te_jax.fused_mlp``; ``ForwardLinearBiasActivation``: one
 GEMM with the bias and the activation in its epilogue; ``BackwardActivationBias``: dact + dbias
 + quantize in one pass). Under an FP8 recipe each tensor is quantized once, by the op that
 produces it, with the quantizer of the ``Linear`` that consumes it. docs/ops.md has the model,
@@ -32,10 +33,12 @@ from te_jax.ops.basic import (
 )
 from te_jax.ops.context import OperationContext
 from te_jax.ops.fused import (
+    MLP,
     BackwardActivationBias,
     ForwardLinearBiasActivation,
     fuse_backward_activation_bias,
     fuse_forward_linear_bias_activation,
+    fuse_mlp,
 )
 from te_jax.ops.registry import (
     fuse_pattern,
@@ -44,7 +47,10 @@ from te_jax.ops.registry import (
 )
 from te_jax.ops.sequential import Sequential
 
+# In order: the MLP claims its five ops first, in both directions.
+register_forward_fusion(fuse_mlp)
 register_forward_fusion(fuse_forward_linear_bias_activation)
+register_backward_fusion(fuse_mlp)
 register_backward_fusion(fuse_backward_activation_bias)
 
 __all__ = [
@@ -68,6 +74,7 @@ __all__ = [
     "Identity",
     "ForwardLinearBiasActivation",
     "BackwardActivationBias",
+    "MLP",
     "register_forward_fusion",
     "register_backward_fusion",
     "fuse_pattern",

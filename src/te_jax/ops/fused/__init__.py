@@ -8,8 +8,11 @@ from te_jax.ops.fused.linear_bias_activation import (
     ForwardLinearBiasActivation,
     fuse_forward_linear_bias_activation,
 )
+from te_jax.ops.fused.mlp import MLP, fuse_mlp
 
 __all__ = [
+    "MLP",
+    "fuse_mlp",
     "ForwardLinearBiasActivation",
     "BackwardActivationBias",
     "fuse_forward_linear_bias_activation",
