@@ -23,6 +23,7 @@ CHECK_FILES = {
     "quantized_sharded_checks.py": (20, 1),
     "gemm_sharded_checks.py": (20, 1),
     "mlp_sharded_checks.py": (30, 5),
+    "ops_sharded_checks.py": (4, 1),
 }
 PARTS = [(f, k, n) for f, (_, n) in CHECK_FILES.items() for k in range(n)]
 

@@ -115,6 +115,16 @@ class Linear(BasicOperation):
         if rest and isinstance(rest[0], Bias):
             rest = rest[1:]
         gated = bool(rest) and isinstance(rest[0], Activation) and rest[0].act.is_gated
+        if gated and self.kernel_axes is not None and self.kernel_axes[1] is not None:
+            # A split of the flat (..., 2N) output would put the two halves on different
+            # shards, where the activation needs both halves of each column.
+            raise ValueError(
+                f"{_WHERE}: an output split over a mesh axis ({self.kernel_axes[1]!r}, "
+                f"parallel_mode={self.parallel_mode!r}) before the gated "
+                f"{rest[0].act.name}: the flat (..., 2N) layout would split its halves apart. "
+                "Leave this Linear unsplit (parallel_mode=None), or use "
+                "te_jax.nnx.LayerNormMLP, whose (H, 2, I) kernel splits N"
+            )
         n = self.out_features
         self.output_view = (2, n // 2) if gated and n % 2 == 0 else (n,)
 
