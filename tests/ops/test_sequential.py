@@ -403,3 +403,24 @@ def test_a_fusion_of_your_own():
 
     with pytest.raises(ValueError, match="changed the sequence's basic ops"):
         ops.registry.build_plan(list(seq.ops), [bad])
+
+
+def test_quantize_op_hands_the_linear_its_quantized_input():
+    """``Quantize`` before a Linear quantizes with that Linear's quantizer: the same step as the
+    Linear quantizing its own input (the x quantizer's next state included); ``Identity``
+    between them leaves the Linear to quantize."""
+    recipe = RECIPES["delayed"]
+
+    def seq(middle):
+        return ops.Sequential(
+            ops.Activation("gelu"), middle, ops.Linear(D, D), recipe=recipe, rngs=nnx.Rngs(0)
+        )
+
+    x = x_of()
+    g1, y1 = step(seq(ops.Quantize(forward=True, backward=True)), x)
+    g0, y0 = step(seq(ops.Identity()), x)
+    np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        nnx.state(g1), nnx.state(g0),
+    )
