@@ -36,24 +36,34 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import platform
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from benchmarks._clocks import GpuClockLog
-from benchmarks._report import OUT_DIR, pyplot
-from benchmarks._timing import time_functions
+from benchmarks._mlp_common import (
+    BLOCKS,
+    add_step_args,
+    bar_panel,
+    clock_cells,
+    custom_calls,
+    flax_block,
+    input_sets,
+    names,
+    peak_bytes,
+    row_record,
+    run_meta,
+    save_figure,
+    step_defaults,
+    timed,
+    value_and_grads,
+    write_result,
+)
+from benchmarks._report import pyplot
 from benchmarks._trace import gpu_kernels, kernel_breakdown
 
-BLOCKS = {"gelu": ("gelu",), "swiglu": ("silu", "linear")}
-GPU_SHAPE = {"tokens": 8192, "hidden": 4096, "gelu": 16384, "swiglu": 10944}
-QUICK_SHAPE = {"tokens": 256, "hidden": 128, "gelu": 512, "swiglu": 336}
 ROWS = (
     "flax:bf16",
     "flax:fp8_ops",
@@ -95,34 +105,13 @@ def _recipe(te_jax, name: str):
     }[ACCUMULATE.get(name, (name,))[0]]
 
 
-def _flax_block(act: tuple[str, ...], inter: int, fp8: bool):
-    import flax.linen as nn
-
-    dot = {"dot_general_cls": nn.Fp8DotGeneralOp} if fp8 else {}
-
-    class FlaxMLP(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            h = nn.LayerNorm(dtype=jnp.bfloat16, epsilon=1e-6)(x)
-            gated = len(act) == 2
-            h = nn.Dense(inter * (2 if gated else 1), dtype=jnp.bfloat16, **dot)(h)
-            if gated:
-                a, b = jnp.split(h, 2, axis=-1)
-                h = jax.nn.silu(a) * b
-            else:
-                h = jax.nn.gelu(h, approximate=True)
-            return nn.Dense(x.shape[-1], dtype=jnp.bfloat16, **dot)(h)
-
-    return FlaxMLP()
-
-
 def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
     """``(state, step)``: ``step(state, x, dy)`` returns ``sum(block(x) · dy)`` and its
     gradients with respect to (state, x); ``state`` holds the parameters and any FP8 state."""
     family, prec = row.split(":")
     key = jax.random.key(0)
     if family == "flax":
-        m = _flax_block(act, inter, prec == "fp8_ops")
+        m = flax_block(act, inter, prec == "fp8_ops")
         state = m.init(key, x0)
 
         def out(state, x):
@@ -163,13 +152,7 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
         def out(state, x):
             return nnx.merge(graphdef, state)(x)[0]
 
-    # The loss value is returned too: without it XLA drops the second GEMM's forward, whose
-    # output only the loss reads.
-    def one_batch(state, x, dy):
-        def loss(s, x):
-            return jnp.sum(out(s, x).astype(jnp.float32) * dy)
-
-        return jax.value_and_grad(loss, (0, 1))(state, x)
+    one_batch = value_and_grads(out)
 
     if prec not in ACCUMULATE:
         return state, jax.jit(one_batch)
@@ -200,42 +183,10 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
     return state, accumulate
 
 
-def _peak_bytes(compiled) -> int | None:
-    """The compiled step's peak device memory: arguments + outputs + temporaries - aliased."""
-    try:
-        ma = compiled.memory_analysis()
-        return int(
-            ma.argument_size_in_bytes
-            + ma.output_size_in_bytes
-            + ma.temp_size_in_bytes
-            - ma.alias_size_in_bytes
-        )
-    except Exception:  # noqa: BLE001 - a backend without the analysis
-        return None
-
-
-def _kernels(text: str) -> str:
-    """te_jax custom calls and cuBLAS(Lt) GEMM calls in the compiled step's HLO, counted."""
-    import re
-
-    names = re.findall(r'custom_call_target="([A-Za-z0-9_$]+)"', text)
-    counts: dict[str, int] = {}
-    for n in names:
-        counts[n] = counts.get(n, 0) + 1
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "(XLA only)"
-
-
 def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
     act = BLOCKS[block]
     tokens, hidden, inter = shape["tokens"], shape["hidden"], shape[block]
-    rng = np.random.default_rng(0)
-    sets = [
-        (
-            jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
-            jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.bfloat16),
-        )
-        for _ in range(args.sets)
-    ]
+    sets = input_sets(tokens, hidden, hidden, args.sets)
     flop = 6 * tokens * hidden * inter * (len(act) + 1)
     fns, meta = {}, {}
     for row in rows:
@@ -249,35 +200,19 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         fns[row] = functools.partial(step, state)
         compiled = step.lower(state, *sets[0]).compile()
         hlo = compiled.as_text()
-        meta[row] = {"peak_bytes": _peak_bytes(compiled), "kernels": _kernels(hlo)}
+        meta[row] = {"peak_bytes": peak_bytes(compiled), "kernels": custom_calls(hlo)}
         if args.hlo:
             os.makedirs(args.out, exist_ok=True)
             name = f"mlp_{block}_{row.replace(':', '_')}.hlo.txt"
             with open(os.path.join(args.out, name), "w") as f:
                 f.write(hlo)
     fns.update(_norm_quantize_fns(rows, te_jax))
-    with GpuClockLog() as clocks:
-        timings = time_functions(
-            fns,
-            sets,
-            reps=args.reps,
-            target_s=args.target_ms / 1e3,
-            settle_s=args.settle_ms / 1e3,
-        )
+    timings, clocks = timed(fns, sets, args)
     base = timings.get("flax:bf16")
     out_rows = []
     for row in rows:
         t = timings[row]
-        r = {
-            "block": block,
-            "row": row,
-            "ms": t.median_s * 1e3,
-            "spread": t.spread,
-            "dispatch_ms": t.dispatch_s * 1e3,
-            "clocks": clocks.summary(t.windows),
-            "tflops": flop / t.median_s / 1e12,
-            **meta[row],
-        }
+        r = {"block": block, **row_record(row, t, clocks, flop), **meta[row]}
         r["speedup"] = None if base is None else base.median_s / t.median_s
         out_rows.append(r)
     profile = {}
@@ -412,19 +347,13 @@ def markdown(result: dict) -> str:
             pk = "" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}"
             out.append(
                 f"| {r['row']} | {r['ms']:.3f} | {r['tflops']:.1f} | {sp} | {pk} | "
-                f"{r['spread']:.3f} | {r.get('dispatch_ms', 0):.3f} | {_clock_cells(r)} | "
+                f"{r['spread']:.3f} | {r.get('dispatch_ms', 0):.3f} | {clock_cells(r)} | "
                 f"{r['kernels']} |"
             )
         out.append("")
         out += _profile_markdown(sec)
     out += ["## Checks", "", "```", *result["checks"], "```", ""]
     return "\n".join(out)
-
-
-def _clock_cells(r: dict) -> str:
-    """The row's median SM clock and board power while it was timed (``nvidia-smi``)."""
-    c = r.get("clocks")
-    return " | ".join(("", "") if not c else (f"{c['sm_mhz']:.0f}", f"{c['watts']:.0f}"))
 
 
 def _profile_markdown(sec: dict) -> list[str]:
@@ -487,53 +416,21 @@ def plot(result: dict, path: str) -> str | None:
     fig, axes = plt.subplots(1, len(secs), figsize=(6 * len(secs), 4), squeeze=False)
     for ax, sec in zip(axes[0], secs, strict=True):
         rows = sec["rows"]
-        xs = range(len(rows))
-        ax.bar(
-            xs,
-            [r["ms"] for r in rows],
-            color=["gray" if r["row"].startswith("flax") else "tab:blue" for r in rows],
-        )
-        for x, r in zip(xs, rows, strict=True):
-            if r["speedup"] is not None:
-                ax.text(x, r["ms"], f"{r['speedup']:.2f}x", ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels([r["row"] for r in rows], rotation=40, ha="right", fontsize=8)
-        ax.set_ylabel("ms / step")
-        ax.set_title(f"{sec['block']} (I={sec['intermediate']})", fontsize=10)
+        colors = ["gray" if r["row"].startswith("flax") else "tab:blue" for r in rows]
+        labels = [None if r["speedup"] is None else f"{r['speedup']:.2f}x" for r in rows]
+        bar_panel(ax, rows, colors, labels, f"{sec['block']} (I={sec['intermediate']})")
     fig.suptitle(
         f"LayerNormMLP step, {result['meta']['device']} (labels: speedup over flax:bf16)",
         fontsize=11,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.mlp", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument("--blocks", default="gelu,swiglu", help="gelu, swiglu (default both)")
-    p.add_argument("--rows", default=",".join(ROWS), help="rows to time (default all)")
-    p.add_argument("--quick", action="store_true", help="tiny shapes, 3 samples")
-    p.add_argument("--tokens", type=int, default=None)
-    p.add_argument("--reps", type=int, default=None, help="samples per row (GPU 10, CPU 3)")
-    p.add_argument(
-        "--target-ms", type=float, default=None, help="one sample's length (GPU 500, CPU 100)"
-    )
-    p.add_argument(
-        "--settle-ms",
-        type=float,
-        default=None,
-        help="untimed run of the same row before each sample, so it is timed at its own "
-        "sustained clock (GPU 500, CPU 0)",
-    )
-    p.add_argument(
-        "--sets", type=int, default=2, help="input sets the calls rotate over (default 2)"
-    )
-    p.add_argument("--out", default=OUT_DIR, help="directory for .md / .json / .png")
-    p.add_argument("--plot", action="store_true", help="also write a PNG bar chart")
+    add_step_args(p, ROWS)
     p.add_argument(
         "--hlo",
         action="store_true",
@@ -557,35 +454,15 @@ def main(argv: list[str] | None = None) -> int:
     args.profile = {r.strip() for r in args.profile.split(",") if r.strip()}
     import te_jax
 
-    gpu = jax.default_backend() == "gpu"
-    shape = dict(GPU_SHAPE if gpu and not args.quick else QUICK_SHAPE)
-    if args.tokens:
-        shape["tokens"] = args.tokens
-    args.reps = args.reps or (3 if args.quick or not gpu else 10)
-    args.target_ms = args.target_ms or (20.0 if args.quick else 500.0 if gpu else 100.0)
-    if args.settle_ms is None:
-        args.settle_ms = 500.0 if gpu and not args.quick else 0.0
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    shape = step_defaults(args)
+    rows = names(args.rows)
     bad = [r for r in rows if r not in ROWS]
-    blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
+    blocks = names(args.blocks)
     bad += sorted(args.profile - set(rows))
     if bad or any(b not in BLOCKS for b in blocks):
         p.error(f"unknown rows {bad} or blocks {blocks}; rows: {', '.join(ROWS)}")
     t0 = time.time()
-    result = {
-        "meta": {
-            "backend": jax.default_backend(),
-            "device": jax.devices()[0].device_kind,
-            "jax": jax.__version__,
-            "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "command": "python -m benchmarks.mlp " + " ".join(argv or sys.argv[1:]),
-            "reps": args.reps,
-            "target_ms": args.target_ms,
-            "settle_ms": args.settle_ms,
-        },
-        "blocks": [],
-    }
+    result = {"meta": run_meta("benchmarks.mlp", argv, args), "blocks": []}
     for block in blocks:
         sec = run_block(block, shape, rows, args, te_jax)
         result["blocks"].append(sec)
@@ -601,16 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     result["checks"] = checks(result)
     print("\n".join(result["checks"]))
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, f"mlp_{result['meta']['backend']}")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(result))
-    written = [stem + ".md", stem + ".json"]
-    if args.plot and plot(result, stem + ".png"):
-        written.append(stem + ".png")
-    print(f"wrote {', '.join(written)} (total {time.time() - t0:.0f} s)")
+    write_result(result, args, "mlp", markdown, plot, t0)
     return 0
 
 
