@@ -173,6 +173,9 @@ def test_equals_the_layernorm_mlp_module(act, recipe):
     mod.wi_bias[...] = o[2].bias[...].reshape(mod.wi_bias[...].shape)
     mod.wo_kernel[...] = o[4].kernel[...]
     mod.wo_bias[...] = o[5].bias[...]
+    # A norm whose output's amax is no FP8 value: its quantized copy's amax is not its own.
+    o[0].scale[...] = mod.scale[...] = 1.37 + jax.random.uniform(jax.random.PRNGKey(5), (D,))
+    o[0].bias[...] = mod.ln_bias[...] = jax.random.normal(jax.random.PRNGKey(6), (D,)) / 3
     x = x_of()
 
     def mod_loss(m, x):
@@ -192,6 +195,20 @@ def test_equals_the_layernorm_mlp_module(act, recipe):
         "wi_bias": gs.ops[2].bias,
         "scale": gs.ops[0].scale,
     }
+    if RECIPES[recipe] is not None:
+        # Three steps with the state advanced: the same FP8 state and outputs as the module
+        # (the norm's output reaches the fused MLP unquantized, its amax measured once).
+        for _ in range(3):
+            update_fp8_state(seq, step(seq, x)[0])
+            update_fp8_state(
+                mod, nnx.jit(nnx.grad(mod_loss, argnums=diff, has_aux=True))(mod, x)[0]
+            )
+        for mine, theirs in ((seq.ops[1], mod.wi_quantizers), (seq.ops[4], mod.wo_quantizers)):
+            for name, v in nnx.state(theirs, FP8Meta).items():
+                np.testing.assert_array_equal(
+                    np.asarray(getattr(mine.quantizers, name)[...]), np.asarray(v[...]), name
+                )
+        np.testing.assert_array_equal(np.asarray(seq(x)), np.asarray(mod(x)[0]))
     # The module rounds dbias and the norm's gradients to the compute dtype (its ops return
     # them in bf16); the Sequential's are float32 sums: one bf16 rounding apart.
     for name, g in pairs.items():
@@ -345,7 +362,8 @@ def test_errors_name_the_op_and_its_index():
         ops.Sequential(ops.Activation("swiglu"))(x_of((2, 3)))
     with pytest.raises(ValueError, match=r"before the gated SWIGLU.*halves apart"):
         ops.Sequential(
-            ops.Linear(D, 2 * F, parallel_mode="column"), ops.Activation("swiglu"),
+            ops.Linear(D, 2 * F, parallel_mode="column"),
+            ops.Activation("swiglu"),
             rngs=nnx.Rngs(0),
         )
     with pytest.raises(ValueError, match="extra inputs given"):
@@ -422,5 +440,6 @@ def test_quantize_op_hands_the_linear_its_quantized_input():
     np.testing.assert_array_equal(np.asarray(y1), np.asarray(y0))
     jax.tree.map(
         lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-        nnx.state(g1), nnx.state(g0),
+        nnx.state(g1),
+        nnx.state(g0),
     )

@@ -281,6 +281,16 @@ class FusedOperation(FusibleOperation):
     def basic_ops(self) -> tuple[BasicOperation, ...]:
         return tuple(self.ops)
 
+    def input_quantizer(self, args: OpArgs, training: bool) -> Handoff | None:
+        """The hand-off the fused op takes for its input: its first basic op's (``args`` that
+        op's); a fusion that quantizes its input itself returns ``None``."""
+        return self.ops[0].input_quantizer(args, training)
+
+    def grad_output_quantizer(self, args: OpArgs, ctx: OperationContext) -> Handoff | None:
+        """The hand-off its backward takes for its output gradient: its last basic op's
+        (``args`` and ``ctx`` that op's); ``None`` where it quantizes the gradient itself."""
+        return self.ops[-1].grad_output_quantizer(args, ctx)
+
     def __repr__(self) -> str:
         inner = ", ".join(type(op).__name__ for op in self.ops)
         return f"{type(self).__name__}({inner})"

@@ -127,12 +127,18 @@ def _spans(plan) -> tuple[tuple[FusibleOperation, int, int], ...]:
 
 def _run(plans, ops, x, args):
     forward_plan, backward_plan = plans
+    # Basic op index -> the planned op running it, with its span.
+    forward_at = {i: span for span in forward_plan for i in range(span[1], span[2])}
+    backward_at = {i: span for span in backward_plan for i in range(span[1], span[2])}
 
     def forward(x, args, training):
         ctxs = [OperationContext(training) for _ in ops]
         h = x
         for fop, i0, i1 in forward_plan:
-            nxt = ops[i1].input_quantizer(args[i1], training) if i1 < len(ops) else None
+            nxt = None
+            if i1 < len(ops):  # the planned op that takes this output answers the hand-off
+                nop, j0, _ = forward_at[i1]
+                nxt = nop.input_quantizer(args[j0], training)
             h = fop.fuser_forward(ctxs[i0:i1], h, args=args[i0:i1], next_op_input_quantizer=nxt)
         return plain(h).astype(x.dtype) if _is_quantized(h) else h, ctxs
 
@@ -156,7 +162,10 @@ def _run(plans, ops, x, args):
         dy = fp8_autodiff.instantiate(dy)
         grads: list[OpGrads | None] = [None] * len(ops)
         for fop, i0, i1 in reversed(backward_plan):
-            prev = ops[i0 - 1].grad_output_quantizer(args[i0 - 1], ctxs[i0 - 1]) if i0 else None
+            prev = None
+            if i0:  # the planned op whose backward takes this gradient answers the hand-off
+                pop, _, j1 = backward_at[i0 - 1]
+                prev = pop.grad_output_quantizer(args[j1 - 1], ctxs[j1 - 1])
             dy, gs = fop.fuser_backward(ctxs[i0:i1], dy, prev_op_grad_output_quantizer=prev)
             grads[i0:i1] = gs
         dx = plain(dy).astype(x.dtype)

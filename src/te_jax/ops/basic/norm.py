@@ -61,11 +61,12 @@ class _Norm(BasicOperation):
         return OpArgs({n: getattr(self, n)[...] for n in self.param_names()})
 
     def _norm(self, x, params):
-        dtype = self.dtype or x.dtype
+        # The parameters enter in their own dtype (layernorm computes in float32 and returns
+        # x's dtype), as in the modules: γ and β are not rounded to the compute dtype first.
         return layernorm(
-            x.astype(dtype),
-            params["scale"].astype(dtype),
-            None if "bias" not in params else params["bias"].astype(dtype),
+            x.astype(self.dtype or x.dtype),
+            params["scale"],
+            params.get("bias"),
             layernorm_type=self.kind,
             zero_centered_gamma=self.zero_centered_gamma,
             epsilon=self.epsilon,

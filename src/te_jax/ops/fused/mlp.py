@@ -31,6 +31,12 @@ class MLP(FusedOperation):
     """``act(x · W₁ + b₁) · W₂ + b₂`` through ``te_jax.linear.fused_mlp``'s forward and
     backward."""
 
+    def input_quantizer(self, args, training):
+        """None: te_jax.fused_mlp quantizes x itself (with the first Linear's quantizer, whose
+        next state it takes from x's own amax), so a neighbour's quantized x would be
+        dequantized and quantized again."""
+        return None
+
     def _operands(self, args):
         l1, b1, act, l2, b2 = self.ops
         k1 = args[0].params["kernel"].reshape((l1.in_features,) + l1.output_view)
