@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from flax import nnx
 
+from te_jax.flax.fp8_state import FP8_COLLECTION
 from te_jax.recipe import QuantizerSet, Recipe
 
 __all__ = ["FP8Meta", "QuantizerState", "update_fp8_state", "merge_fp8_state"]
@@ -21,6 +22,10 @@ __all__ = ["FP8Meta", "QuantizerState", "update_fp8_state", "merge_fp8_state"]
 class FP8Meta(nnx.Variable):
     """FP8 scaling state (delayed scaling's scales and amax histories): not a parameter, never
     trained; replaced by its gradient (the next state) each step."""
+
+
+# Under Flax's Linen bridge an FP8Meta lives in the te_jax Linen modules' collection.
+nnx.register_variable_name(FP8_COLLECTION, FP8Meta)
 
 
 class QuantizerState(nnx.Module):

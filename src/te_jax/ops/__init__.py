@@ -8,7 +8,7 @@ one ``te_jax.fused_mlp``; ``ForwardLinearBiasActivation``: one
 GEMM with the bias and the activation in its epilogue; ``BackwardActivationBias``: dact + dbias
 + quantize in one pass). Under an FP8 recipe each tensor is quantized once, by the op that
 produces it, with the quantizer of the ``Linear`` that consumes it. docs/ops.md has the model,
-the fusion table and how to add an op or a fusion.
+the fusion table and how to add an op or a fusion. ``LinenSequential`` is the same in Linen.
 """
 
 from te_jax.ops.base import (
@@ -40,6 +40,7 @@ from te_jax.ops.fused import (
     fuse_forward_linear_bias_activation,
     fuse_mlp,
 )
+from te_jax.ops.linen import LinenSequential
 from te_jax.ops.registry import (
     fuse_pattern,
     register_backward_fusion,
@@ -55,6 +56,7 @@ register_backward_fusion(fuse_backward_activation_bias)
 
 __all__ = [
     "Sequential",
+    "LinenSequential",
     "OperationContext",
     "FusibleOperation",
     "BasicOperation",

@@ -66,7 +66,10 @@ class Dropout(BasicOperation):
 
     def build(self, index, rngs, recipe) -> None:
         if self.rngs is None and rngs is not None:
-            self.rngs = rngs["dropout"].fork()
+            try:
+                self.rngs = rngs["dropout"].fork()
+            except KeyError:  # no such stream: a call that drops says what it needs
+                pass
 
     def _active(self) -> bool:
         return self.rate > 0.0 and not self.deterministic
