@@ -360,12 +360,6 @@ def test_errors_name_the_op_and_its_index():
         ops.Sequential(ops.Identity(), 3)
     with pytest.raises(ValueError, match=r"gated SWIGLU .*odd"):
         ops.Sequential(ops.Activation("swiglu"))(x_of((2, 3)))
-    with pytest.raises(ValueError, match=r"before the gated SWIGLU.*halves apart"):
-        ops.Sequential(
-            ops.Linear(D, 2 * F, parallel_mode="column"),
-            ops.Activation("swiglu"),
-            rngs=nnx.Rngs(0),
-        )
     with pytest.raises(ValueError, match="extra inputs given"):
         ops.Sequential(ops.Identity())(x_of(), x_of())
 

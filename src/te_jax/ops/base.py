@@ -191,9 +191,10 @@ class BasicOperation(FusibleOperation):
         quantizers for ``recipe``). Ops without parameters need nothing."""
 
     def plan_layout(self, following: Sequence[BasicOperation]) -> None:
-        """Called by the ``Sequential`` with the ops that follow this one, once: an op may
-        choose a layout for its output's consumers (a ``Linear`` before a gated activation views
-        its output as ``(2, N)``). By default nothing."""
+        """Called by the ``Sequential`` with the ops that follow this one, once, before any
+        ``build``: an op may choose a layout for its output's consumers and its parameters (a
+        ``Linear`` before a gated activation writes ``(2, N)`` from an ``(in, 2, N)`` kernel).
+        By default nothing."""
 
     def param_names(self) -> tuple[str, ...]:
         """The op's parameters: its ``nnx.Param`` attributes, by name."""

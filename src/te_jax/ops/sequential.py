@@ -70,9 +70,11 @@ class Sequential(nnx.Module):
                 f"{_WHERE}: a recipe ({type(recipe).__name__}) was given but no operation "
                 "quantizes (none is a te_jax.ops.Linear): drop the recipe or add the Linear"
             )
+        # Layouts first: a parameter's shape may follow its neighbours (a gated kernel).
+        for i, op in enumerate(ops):
+            op.plan_layout(ops[i + 1 :])
         for i, op in enumerate(ops):
             op.build(i, rngs, recipe)
-            op.plan_layout(ops[i + 1 :])
         self.ops = nnx.List(list(ops))
         self.recipe = recipe
         self.fuse = bool(fuse)

@@ -7,6 +7,7 @@ from flax import nnx
 
 from te_jax.nnx.modules import param_with_axes
 from te_jax.ops.base import BasicOperation, OpArgs, OpGrads, plain
+from te_jax.sharding import ACT
 
 __all__ = ["Bias", "add_bias", "bias_gradient"]
 
@@ -42,8 +43,16 @@ class Bias(BasicOperation):
         self.bias_axes = None if bias_axes is None else tuple(bias_axes)
         self.bias_init = bias_init
         self.param_dtype = jnp.dtype(param_dtype)
+        self.view = (features,)
         if rngs is not None:
             self.build(0, rngs, None)
+
+    @property
+    def param_axes(self):
+        """The bias parameter's logical axis names (``ACT`` first for a gated ``(2, N)``)."""
+        if self.bias_axes is None or len(self.view) == 1:
+            return self.bias_axes
+        return (ACT,) + self.bias_axes[-1:]
 
     def build(self, index, rngs, recipe) -> None:
         if hasattr(self, "bias"):
@@ -54,7 +63,20 @@ class Bias(BasicOperation):
                 "the Bias or to the Sequential"
             )
         value = self.bias_init(rngs.params(), (self.features,), self.param_dtype)
-        self.bias = param_with_axes(value, self.bias_axes)
+        self.bias = param_with_axes(value.reshape(self.view), self.param_axes)
+
+    def plan_layout(self, following) -> None:
+        """Before a gated ``Activation`` the bias is ``(2, N)``, as the ``Linear`` before it
+        views its kernel (``(in, 2, N)``): split over N, both halves of a column stay together."""
+        from te_jax.ops.basic.linear import gated_activation_follows  # noqa: PLC0415
+
+        n = self.features
+        view = (2, n // 2) if gated_activation_follows(following) and n % 2 == 0 else (n,)
+        if view == self.view:
+            return
+        self.view = view
+        if hasattr(self, "bias"):  # made at construction: the same values, viewed
+            self.bias = param_with_axes(self.bias[...].reshape(view), self.param_axes)
 
     def check_input(self, index, shape):
         if len(shape) < 1 or shape[-1] != self.features:
@@ -70,7 +92,7 @@ class Bias(BasicOperation):
     def op_forward(self, ctx, x, args, **_):
         x = plain(x)
         ctx.features = self.features
-        return add_bias(x, args.params["bias"])
+        return add_bias(x, args.params["bias"].reshape(self.features))
 
     def fuser_backward(self, ctxs, dy, *, prev_op_grad_output_quantizer):
         dy = plain(dy)

@@ -19,7 +19,13 @@ from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.scaled_tensor import ScaledTensor
 from te_jax.sharding import ACT, EMBED, MLP
 
-__all__ = ["Linear", "PARALLEL_MODES", "linear_forward", "linear_backward"]
+__all__ = [
+    "Linear",
+    "PARALLEL_MODES",
+    "gated_activation_follows",
+    "linear_forward",
+    "linear_backward",
+]
 
 _WHERE = "te_jax.ops.Linear"
 # Tensor-parallel modes: the kernel's logical axes (column: the output features split, row: the
@@ -88,10 +94,27 @@ class Linear(BasicOperation):
         if rngs is not None:
             self._init_kernel(rngs)
 
+    @property
+    def kernel_shape(self) -> tuple[int, ...]:
+        """``(in_features, out_features)``, or ``(in_features, 2, N)`` before a gated
+        activation (``plan_layout``): the halves as an axis of their own, as te_jax's modules
+        store a gated kernel, so a split of N keeps both halves of each column on one shard."""
+        return (self.in_features,) + self.output_view
+
+    @property
+    def param_axes(self):
+        """The kernel parameter's logical axis names: ``kernel_axes``, with ``ACT`` for the
+        halves' axis of a gated kernel."""
+        axes = self.kernel_axes
+        if axes is not None and len(self.output_view) == 2:
+            axes = (axes[0], ACT, axes[1])
+        return axes
+
     def _init_kernel(self, rngs: nnx.Rngs) -> None:
-        shape = (self.in_features, self.out_features)
-        value = self.kernel_init(rngs.params(), shape, self.param_dtype)
-        self.kernel = param_with_axes(value, self.kernel_axes)
+        # Drawn flat, so the initializer's fan-in/fan-out are the GEMM's, then viewed.
+        flat = (self.in_features, self.out_features)
+        value = self.kernel_init(rngs.params(), flat, self.param_dtype)
+        self.kernel = param_with_axes(value.reshape(self.kernel_shape), self.param_axes)
 
     def build(self, index, rngs, recipe) -> None:
         if not hasattr(self, "kernel"):
@@ -104,29 +127,20 @@ class Linear(BasicOperation):
         self.quantizers = QuantizerState(recipe)
 
     def plan_layout(self, following) -> None:
-        """Before a gated ``Activation`` (a ``Bias`` between them or not) the GEMM writes the
-        ``(2, N)`` layout the activation and its gradient use, so the gradient quantized by the
-        activation's backward is the one this GEMM's backward reads."""
-        # Imported here: the activation op's module imports nothing of this one.
-        from te_jax.ops.basic.activation import Activation  # noqa: PLC0415
-        from te_jax.ops.basic.bias import Bias  # noqa: PLC0415
-
-        rest = [op for op in following[:2]]
-        if rest and isinstance(rest[0], Bias):
-            rest = rest[1:]
-        gated = bool(rest) and isinstance(rest[0], Activation) and rest[0].act.is_gated
-        if gated and self.kernel_axes is not None and self.kernel_axes[1] is not None:
-            # A split of the flat (..., 2N) output would put the two halves on different
-            # shards, where the activation needs both halves of each column.
-            raise ValueError(
-                f"{_WHERE}: an output split over a mesh axis ({self.kernel_axes[1]!r}, "
-                f"parallel_mode={self.parallel_mode!r}) before the gated "
-                f"{rest[0].act.name}: the flat (..., 2N) layout would split its halves apart. "
-                "Leave this Linear unsplit (parallel_mode=None), or use "
-                "te_jax.nnx.LayerNormMLP, whose (H, 2, I) kernel splits N"
-            )
+        """Before a gated ``Activation`` (a ``Bias`` between them or not) the kernel is
+        ``(in_features, 2, N)`` and the GEMM writes the ``(2, N)`` layout the activation and its
+        gradient use: the gradient quantized by the activation's backward is the one this
+        GEMM's backward reads, and a column-parallel split of N keeps each column's halves on
+        one shard."""
+        gated = gated_activation_follows(following)
         n = self.out_features
-        self.output_view = (2, n // 2) if gated and n % 2 == 0 else (n,)
+        view = (2, n // 2) if gated and n % 2 == 0 else (n,)
+        if view == self.output_view:
+            return
+        self.output_view = view
+        if hasattr(self, "kernel"):  # made at construction: the same values, viewed
+            value = self.kernel[...].reshape(self.kernel_shape)
+            self.kernel = param_with_axes(value, self.param_axes)
 
     def op_args(self, sequence_input, extra_inputs) -> OpArgs:
         return OpArgs({"kernel": self.kernel[...]}, self.quantizers())
@@ -164,6 +178,19 @@ class Linear(BasicOperation):
     def op_backward(self, ctx, dy):
         dx, dk, _, new_qs = linear_backward(ctx, dy)
         return dx, OpGrads({"kernel": dk}, new_qs)
+
+
+def gated_activation_follows(following: Sequence[BasicOperation]) -> bool:
+    """Whether ``following`` (the ops after a ``Linear`` or ``Bias``) starts with a gated
+    ``Activation``, a ``Bias`` before it or not."""
+    # Imported here: the activation and bias modules import nothing of this one.
+    from te_jax.ops.basic.activation import Activation  # noqa: PLC0415
+    from te_jax.ops.basic.bias import Bias  # noqa: PLC0415
+
+    rest = list(following[:2])
+    if rest and isinstance(rest[0], Bias):
+        rest = rest[1:]
+    return bool(rest) and isinstance(rest[0], Activation) and rest[0].act.is_gated
 
 
 def linear_forward(op: Linear, ctx, x, kernel, bias, qs, features=None, act=None, act_params=None):
