@@ -34,11 +34,17 @@ With ``fsdp_resource`` every parameter is split over that axis and all-gathered 
 GEMM, and its gradient reduce-scattered. With ``sp_resource`` the activations outside the
 tensor-parallel region stay split along ``length``; ``te_jax.sequence_parallel`` holds the
 all-gather / reduce-scatter pair at the region's edges.
+
+te_jax's constraints see the mesh of ``jax.set_mesh(mesh)`` and that of JAX's older (deprecated)
+``with mesh:`` block alike; Flax's own logical constraints see only the first.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
+
+import jax
 
 __all__ = [
     "BATCH",
@@ -135,12 +141,32 @@ class MeshResource:
 def logical_constraint(x, axes):
     """``x`` constrained to the sharding its logical axis names give under the active Flax
     logical axis rules and mesh (``nn.with_logical_constraint``); ``x`` itself where ``axes``
-    is ``None`` or no rules or mesh are active."""
+    is ``None`` or no rules or mesh are active. The mesh is ``jax.set_mesh``'s, or where none
+    is set that of an enclosing ``with mesh:`` block (which Flax alone would not see, dropping
+    the constraint)."""
     if axes is None:
         return x
     import flax.linen as nn  # noqa: PLC0415 -- Flax only where a model names its axes
 
-    return nn.with_logical_constraint(x, axes)
+    mesh = _legacy_mesh() if jax.sharding.get_abstract_mesh().empty else None
+    return nn.with_logical_constraint(x, axes, mesh=mesh)
+
+
+def _legacy_mesh():
+    """The ``jax.sharding.Mesh`` of an enclosing ``with mesh:`` block, or ``None``.
+
+    JAX deprecated that context for ``jax.set_mesh`` but still honours it in ``jit``; its mesh
+    is readable only through the deprecated ``thread_resources`` (its warning is silenced here:
+    the user chose the context, te_jax only follows it)."""
+    from jax.interpreters import pxla  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        resources = getattr(pxla, "thread_resources", None)
+    if resources is None:  # a JAX without the old context
+        return None
+    mesh = resources.env.physical_mesh
+    return None if mesh.empty else mesh
 
 
 def check_logical_axes(where: str, what: str, axes, ndim: int) -> tuple[str | None, ...] | None:
