@@ -6,10 +6,18 @@ FP8: give a module ``recipe=te_jax.recipe.DelayedScaling()`` (or ``CurrentScalin
 ``MXFP8BlockScaling()``). Delayed scaling's state lives in the ``"fp8_metas"`` collection
 (``FP8_COLLECTION``); its new value is the gradient of the loss with respect to that collection,
 which a training step takes as the next state (``update_fp8_metas``) and never hands to the
-optimizer. docs/flax.md shows the training loop.
+optimizer. With ``fp8_collection="_overwrite_with_gradient"`` (``OVERWRITE_WITH_GRADIENT``) the
+state lives in Flax's own collection for such variables, and an unmodified
+``flax.training.train_state.TrainState.apply_gradients`` advances it. docs/flax.md shows both
+training loops.
 """
 
-from te_jax.flax.fp8_state import FP8_COLLECTION, merge_fp8_metas, update_fp8_metas
+from te_jax.flax.fp8_state import (
+    FP8_COLLECTION,
+    OVERWRITE_WITH_GRADIENT,
+    merge_fp8_metas,
+    update_fp8_metas,
+)
 from te_jax.flax.modules import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
 
 __all__ = [
@@ -18,6 +26,7 @@ __all__ = [
     "LayerNormDenseGeneral",
     "LayerNormMLP",
     "FP8_COLLECTION",
+    "OVERWRITE_WITH_GRADIENT",
     "update_fp8_metas",
     "merge_fp8_metas",
 ]

@@ -1,5 +1,7 @@
 """Delayed scaling's state in a Linen module: one variable per state array of each GEMM's
-``QuantizerSet``, in the ``"fp8_metas"`` collection.
+``QuantizerSet``, in the ``"fp8_metas"`` collection, or (a module's ``fp8_collection``) in
+Flax's ``"_overwrite_with_gradient"``, which ``flax.training.train_state.TrainState`` replaces by
+its gradient in ``apply_gradients`` (the optimizer never sees it).
 
 ``te_jax.dense`` returns the updated set as the cotangent of its ``quantizer_set``, so the
 gradient of the loss with respect to ``variables["fp8_metas"]`` *is* the next state (x's and the
@@ -17,24 +19,49 @@ import flax.linen as nn
 
 from te_jax.recipe import QuantizerSet, Recipe, merge_state_dicts
 
-__all__ = ["FP8_COLLECTION", "quantizer_set", "update_fp8_metas", "merge_fp8_metas"]
+__all__ = [
+    "FP8_COLLECTION",
+    "OVERWRITE_WITH_GRADIENT",
+    "FP8_COLLECTIONS",
+    "check_fp8_collection",
+    "quantizer_set",
+    "update_fp8_metas",
+    "merge_fp8_metas",
+]
 
 FP8_COLLECTION = "fp8_metas"
+# Flax's collection for variables a training step replaces by their gradient (its fp8_ops' state;
+# flax.core.meta's OVERWRITE_WITH_GRADIENT).
+OVERWRITE_WITH_GRADIENT = "_overwrite_with_gradient"
+FP8_COLLECTIONS = (FP8_COLLECTION, OVERWRITE_WITH_GRADIENT)
 
 
-def quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str) -> QuantizerSet:
+def check_fp8_collection(where: str, name) -> str:
+    """``name`` if it is one of ``FP8_COLLECTIONS``, else a ValueError naming them."""
+    if name not in FP8_COLLECTIONS:
+        raise ValueError(
+            f"{where}: fp8_collection must be {FP8_COLLECTION!r} (te_jax.flax.update_fp8_metas "
+            f"advances it) or {OVERWRITE_WITH_GRADIENT!r} (flax TrainState.apply_gradients "
+            f"does), got {name!r}"
+        )
+    return name
+
+
+def quantizer_set(
+    module: nn.Module, recipe: Recipe | None, gemm: str, collection: str = FP8_COLLECTION
+) -> QuantizerSet:
     """The ``QuantizerSet`` of the GEMM named ``gemm`` in ``module`` under ``recipe``: fresh for
-    the stateless recipes, built from ``module``'s ``fp8_metas`` variables
-    ``{gemm}_{role}_{field}`` (created at ``init``) for delayed scaling."""
+    the stateless recipes, built from ``module``'s variables ``{gemm}_{role}_{field}`` in
+    ``collection`` (one of ``FP8_COLLECTIONS``; created at ``init``) for delayed scaling."""
     qs = QuantizerSet.create(recipe)
     variables = {
-        name: module.variable(FP8_COLLECTION, f"{gemm}_{name}", lambda v=value: v)
+        name: module.variable(collection, f"{gemm}_{name}", lambda v=value: v)
         for name, value in qs.state().items()
     }
     if not variables:
         return qs
     qs = qs.with_state({name: v.value for name, v in variables.items()})
-    if module.is_initializing() or not module.is_mutable_collection(FP8_COLLECTION):
+    if module.is_initializing() or not module.is_mutable_collection(collection):
         return qs
     # A mutable collection holds a second handle on the same state (QuantizerSet.share): a
     # module applied again in this step (or the next step of a scan carrying the collection)
@@ -46,16 +73,18 @@ def quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str) -> Quanti
 
 
 def update_fp8_metas(variables: Mapping, grads: Mapping) -> dict:
-    """``variables`` with its ``"fp8_metas"`` collection replaced by the gradient with respect
-    to it (the next FP8 state); unchanged where ``grads`` has no such collection.
+    """``variables`` with its ``"fp8_metas"`` (and ``"_overwrite_with_gradient"``) collection
+    replaced by the gradient with respect to it (the next FP8 state); unchanged where ``grads``
+    has no such collection.
 
     Args:
       variables: a Linen variables dict (``{"params": ..., "fp8_metas": ...}``).
       grads: the gradient of the loss with respect to (a dict holding) ``variables``.
     """
     out = dict(variables)
-    if FP8_COLLECTION in grads:
-        out[FP8_COLLECTION] = grads[FP8_COLLECTION]
+    for collection in FP8_COLLECTIONS:
+        if collection in grads:
+            out[collection] = grads[collection]
     return out
 
 

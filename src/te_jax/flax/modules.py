@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
-from te_jax.flax.fp8_state import FP8_COLLECTION, quantizer_set
+from te_jax.flax.fp8_state import FP8_COLLECTION, check_fp8_collection, quantizer_set
 from te_jax.module_specs import (
     KERNEL_INIT,
     DenseGeneralSpec,
@@ -114,14 +114,15 @@ def _norm_input(where: str, inputs) -> jax.Array:
 def _quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str, where: str):
     """``fp8_state.quantizer_set``, once delayed scaling's variables are known to be there (or
     creatable): their absence is a te_jax error naming the fix, not Flax's."""
+    collection = check_fp8_collection(where, module.fp8_collection)
     names = [f"{gemm}_{n}" for n in QuantizerSet.create(recipe).state()]
     if (
         names
-        and not module.has_variable(FP8_COLLECTION, names[0])
-        and not module.is_mutable_collection(FP8_COLLECTION)
+        and not module.has_variable(collection, names[0])
+        and not module.is_mutable_collection(collection)
     ):
-        raise ValueError(_missing_fp8_state(module, recipe, names[0], where))
-    return quantizer_set(module, recipe, gemm)
+        raise ValueError(_missing_fp8_state(module, recipe, names[0], where, collection))
+    return quantizer_set(module, recipe, gemm, collection)
 
 
 def _quantizer_sets(module: nn.Module, spec, where: str) -> dict:
@@ -129,22 +130,24 @@ def _quantizer_sets(module: nn.Module, spec, where: str) -> dict:
     return {g: _quantizer_set(module, spec.recipe, g, where) for g in spec.gemms}
 
 
-def _missing_fp8_state(module: nn.Module, recipe: Recipe, name: str, where: str) -> str:
-    """Why delayed scaling's variable ``name`` is missing here, and the fix."""
+def _missing_fp8_state(
+    module: nn.Module, recipe: Recipe, name: str, where: str, collection: str = FP8_COLLECTION
+) -> str:
+    """Why delayed scaling's variable ``name`` is missing from ``collection``, and the fix."""
     recipe_name, path = type(recipe).__name__, module.scope.path_text
     head = (
-        f"{where}: recipe={recipe_name}() keeps its FP8 state in the {FP8_COLLECTION!r} "
+        f"{where}: recipe={recipe_name}() keeps its FP8 state in the {collection!r} "
         f"collection, but"
     )
     lifted_fix = (
-        f'list "{FP8_COLLECTION}" beside "params" in the nn.scan (or nn.vmap, another Flax lifted '
-        f'transform) around the module: variable_axes={{"params": 0, "{FP8_COLLECTION}": 0}} '
+        f'list "{collection}" beside "params" in the nn.scan (or nn.vmap, another Flax lifted '
+        f'transform) around the module: variable_axes={{"params": 0, "{collection}": 0}} '
         "(or in variable_broadcast / variable_carry)"
     )
     no_recipe = (
         "the module was initialized without a delayed-scaling recipe (recipe=None, or a "
         f"stateless one): initialize it again with recipe={recipe_name}(...), or add the state "
-        f'to these variables: _, state = module.apply(variables, x, mutable=["{FP8_COLLECTION}"]); '
+        f'to these variables: _, state = module.apply(variables, x, mutable=["{collection}"]); '
         "variables = {**variables, **state}"
     )
     if module.is_initializing():
@@ -194,7 +197,8 @@ class DenseGeneral(nn.Module):
 
     Parameters: ``kernel (*in, *features)`` (gated activation: ``(*in, 2, *features)``) and,
     with ``use_bias``, ``bias (*features)`` (gated: ``(2, *features)``). Under a ``recipe`` the
-    GEMMs run in FP8; delayed scaling's state is in ``"fp8_metas"``.
+    GEMMs run in FP8; delayed scaling's state is in ``"fp8_metas"`` (``fp8_collection``:
+    ``"_overwrite_with_gradient"`` for Flax's ``TrainState.apply_gradients``).
     """
 
     features: int | Sequence[int]
@@ -209,6 +213,8 @@ class DenseGeneral(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
     recipe: Recipe | None = None
+    # Where delayed scaling's state lives: te_jax.flax.FP8_COLLECTIONS.
+    fp8_collection: str = FP8_COLLECTION
     implementation: str | None = None
 
     @nn.compact
@@ -258,6 +264,8 @@ class LayerNormDenseGeneral(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
     recipe: Recipe | None = None
+    # Where delayed scaling's state lives: te_jax.flax.FP8_COLLECTIONS.
+    fp8_collection: str = FP8_COLLECTION
     implementation: str | None = None
 
     @nn.compact
@@ -317,6 +325,8 @@ class LayerNormMLP(nn.Module):
     dtype: Any = None
     param_dtype: Any = jnp.float32
     recipe: Recipe | None = None
+    # Where delayed scaling's state lives: te_jax.flax.FP8_COLLECTIONS.
+    fp8_collection: str = FP8_COLLECTION
     implementation: str | None = None
     gelu_backward: str = "dact"
 
