@@ -20,6 +20,8 @@ from te_jax.recipe import (
     FP8_FORMATS,
     CurrentScaling,
     DelayedScaling,
+    Float8CurrentScaling,
+    Format,
     MXFP8BlockScaling,
     QuantizerSet,
     Recipe,
@@ -61,15 +63,21 @@ def test_defaults():
 @pytest.mark.parametrize("recipe_cls", RECIPES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize(
     "fmt, fwd, grad",
-    [("HYBRID", E4M3, E5M2), ("E4M3", E4M3, E4M3), ("hybrid", E4M3, E5M2)],
-    ids=["HYBRID", "E4M3", "hybrid"],
+    [
+        ("HYBRID", E4M3, E5M2),
+        ("E4M3", E4M3, E4M3),
+        ("hybrid", E4M3, E5M2),
+        (Format.HYBRID, E4M3, E5M2),
+        (Format.E4M3, E4M3, E4M3),
+    ],
+    ids=["HYBRID", "E4M3", "hybrid", "Format.HYBRID", "Format.E4M3"],
 )
 def test_formats(recipe_cls, fmt, fwd, grad):
-    """HYBRID: E4M3 for x and kernel, E5M2 for the gradient; E4M3: E4M3 throughout
-    (the name is case-insensitive, normalised to upper case)."""
+    """HYBRID: E4M3 for x and kernel, E5M2 for the gradient; E4M3: E4M3 throughout (the name is
+    case-insensitive, normalised to upper case; TransformerEngine's Format members too)."""
     r = recipe_cls(fp8_format=fmt)
     assert isinstance(r, Recipe)
-    assert r.fp8_format == fmt.upper()
+    assert r.fp8_format == (fmt.value if isinstance(fmt, Format) else fmt.upper())
     assert np.dtype(r.forward_dtype) == fwd and np.dtype(r.grad_dtype) == grad
     qs = QuantizerSet.create(r)
     assert [np.dtype(getattr(qs, role).q_dtype) for role in ROLES] == [fwd, fwd, grad]
@@ -82,6 +90,15 @@ def test_bad_fp8_format(recipe_cls, fmt):
         ValueError, match=f"{recipe_cls.__name__}: fp8_format must be one of 'HYBRID', 'E4M3', got"
     ):
         recipe_cls(fp8_format=fmt)
+
+
+def test_transformer_engine_names():
+    """TransformerEngine's Float8CurrentScaling is CurrentScaling; its Format.E5M2 (E5M2 for
+    every tensor) is refused naming the formats te_jax has."""
+    assert Float8CurrentScaling is CurrentScaling
+    assert Float8CurrentScaling(fp8_format=Format.HYBRID) == CurrentScaling()
+    with pytest.raises(ValueError, match=r"DelayedScaling: fp8_format=Format.E5M2 .*Format.HYBRID"):
+        DelayedScaling(fp8_format=Format.E5M2)
 
 
 @pytest.mark.parametrize("algo", ["mean", "MAX", None])

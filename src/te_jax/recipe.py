@@ -10,6 +10,10 @@ A recipe says how the three tensors of a dense layer are quantized for its GEMMs
 | ``CurrentScaling``    | CURRENT_TENSOR_SCALING | E4M3      | E5M2           | E4M3         |
 | ``MXFP8BlockScaling`` | MXFP8_1D_SCALING       | E4M3      | E5M2           | E4M3         |
 
+``fp8_format`` is a string or a ``Format`` member (TransformerEngine's enum: ``Format.HYBRID``,
+``Format.E4M3``; ``Format.E5M2``, E5M2 for every tensor, has no te_jax recipe).
+``Float8CurrentScaling`` is TransformerEngine's name for ``CurrentScaling``.
+
 ``QuantizerSet.create(recipe)`` makes the three quantizers; ``QuantizerSet.create(None)`` is the
 empty set (no quantization, the GEMMs run in the input dtype).
 
@@ -46,6 +50,7 @@ single use on all the data would give, whatever the step's structure:
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from typing import Any
 
@@ -66,9 +71,11 @@ from te_jax.quantize.quantizers import (
 
 __all__ = [
     "FP8_FORMATS",
+    "Format",
     "Recipe",
     "DelayedScaling",
     "CurrentScaling",
+    "Float8CurrentScaling",
     "MXFP8BlockScaling",
     "QuantizerSet",
 ]
@@ -80,7 +87,25 @@ FP8_FORMATS = {
 }
 
 
+class Format(enum.Enum):
+    """TransformerEngine's FP8 formats, accepted as a recipe's ``fp8_format``: ``E4M3`` for
+    every tensor, ``HYBRID`` (E4M3 forward, E5M2 gradient); ``E5M2`` for every tensor is
+    TransformerEngine's too but no te_jax recipe takes it."""
+
+    E4M3 = "E4M3"
+    E5M2 = "E5M2"
+    HYBRID = "HYBRID"
+
+
 def _check_format(recipe: str, fp8_format) -> str:
+    if isinstance(fp8_format, Format):
+        if fp8_format is Format.E5M2:
+            raise ValueError(
+                f"te_jax.recipe.{recipe}: fp8_format=Format.E5M2 (E5M2 for x and the kernel "
+                "too) is not supported: use Format.HYBRID (E4M3 forward, E5M2 gradient) or "
+                "Format.E4M3"
+            )
+        fp8_format = fp8_format.value
     name = fp8_format.upper() if isinstance(fp8_format, str) else fp8_format
     if name not in FP8_FORMATS:
         raise ValueError(
@@ -164,6 +189,10 @@ class CurrentScaling(Recipe):
     def make_quantizer(self, role: str) -> Quantizer:
         dtype = self.grad_dtype if role == "grad" else self.forward_dtype
         return CurrentScaleQuantizer(dtype)
+
+
+# TransformerEngine's name for it.
+Float8CurrentScaling = CurrentScaling
 
 
 @dataclasses.dataclass(frozen=True)
