@@ -17,7 +17,7 @@ from te_jax.dispatch import kernels_enabled
 from te_jax.linear.dense import dense
 from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.linear.gemm import gemm
-from te_jax.recipe import QuantizerSet
+from te_jax.recipe import QuantizerSet, autocast
 
 __version__ = "0.1.0"
 
@@ -31,6 +31,7 @@ __all__ = [
     "fused_mlp",
     "recipe",
     "QuantizerSet",
+    "autocast",
     "ActivationType",
     "ActivationParams",
     "ClampedSwiGLUParams",

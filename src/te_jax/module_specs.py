@@ -39,7 +39,7 @@ from te_jax import layers
 from te_jax.activation_types import ActivationParams, ActivationType
 from te_jax.linear.fused_mlp import GELU_BACKWARDS
 from te_jax.normalization import check_norm_type, layernorm
-from te_jax.recipe import QuantizerSet, Recipe
+from te_jax.recipe import QuantizerSet, Recipe, autocast_recipe
 
 __all__ = [
     "KERNEL_INIT",
@@ -199,7 +199,7 @@ class DenseSpec:
         implementation,
     ) -> DenseSpec:
         act, act_params = layers.resolve_activation(where, activation, activation_params)
-        recipe = layers.check_recipe(where, recipe)
+        recipe = autocast_recipe(layers.check_recipe(where, recipe))
         features = layers.check_sizes(where, features_field, features)
         n_in, gated = len(in_shape), act is not None and act.is_gated
         k_shape = layers.dense_kernel_shape(in_shape, features, act)
@@ -544,7 +544,7 @@ class LayerNormMLPSpec(_ModuleSpec):
         act, act_params = layers.resolve_activation(where, activations, activation_params)
         if act is None:
             raise ValueError(f"{where}: activations must name an activation, got None")
-        recipe = layers.check_recipe(where, recipe)
+        recipe = autocast_recipe(layers.check_recipe(where, recipe))
         if not 0.0 <= intermediate_dropout_rate < 1.0:
             raise ValueError(
                 f"{where}: intermediate_dropout_rate must be in [0, 1), got "

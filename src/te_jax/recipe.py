@@ -49,6 +49,8 @@ single use on all the data would give, whatever the step's structure:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -78,6 +80,8 @@ __all__ = [
     "Float8CurrentScaling",
     "MXFP8BlockScaling",
     "QuantizerSet",
+    "autocast",
+    "autocast_recipe",
 ]
 
 # fp8_format -> (dtype of x and kernel, dtype of the gradient).
@@ -217,6 +221,42 @@ class MXFP8BlockScaling(Recipe):
     def make_quantizer(self, role: str) -> Quantizer:
         dtype = self.grad_dtype if role == "grad" else self.forward_dtype
         return MXFP8Quantizer(dtype)
+
+
+# The recipe of the innermost active ``autocast`` (None: none, or ``enabled=False``).
+_AUTOCAST: contextvars.ContextVar[Recipe | None] = contextvars.ContextVar(
+    "te_jax_autocast", default=None
+)
+
+
+@contextlib.contextmanager
+def autocast(enabled: bool = True, recipe: Recipe | None = None):
+    """A default recipe for the modules and ``ops.Sequential``s made or traced inside: those
+    given ``recipe=None`` take ``recipe`` (``DelayedScaling()`` if ``None``), as under
+    TransformerEngine's ``autocast``; ``enabled=False`` turns that default off inside an outer
+    ``autocast``. A module's own ``recipe`` always wins.
+
+    The recipe is fixed where it is read: an NNX module or ``Sequential`` when it is made (its
+    FP8 state is created then), a Linen module whenever it is traced (``init``, and every
+    ``apply`` under ``jit``: a jitted step traced outside the context keeps running without it,
+    so enter it around the first call, or make the recipe a module field).
+    """
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise TypeError(
+            "te_jax.recipe.autocast: recipe must be a te_jax.recipe recipe (DelayedScaling(), "
+            f"CurrentScaling(), MXFP8BlockScaling()) or None, got {type(recipe).__name__}"
+        )
+    value = (recipe if recipe is not None else DelayedScaling()) if enabled else None
+    token = _AUTOCAST.set(value)
+    try:
+        yield
+    finally:
+        _AUTOCAST.reset(token)
+
+
+def autocast_recipe(recipe: Recipe | None = None) -> Recipe | None:
+    """``recipe`` if given, else the innermost active ``autocast``'s (``None`` outside one)."""
+    return recipe if recipe is not None else _AUTOCAST.get()
 
 
 _ROLES = ("x", "kernel", "grad")

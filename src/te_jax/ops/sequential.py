@@ -21,7 +21,7 @@ from te_jax import fp8_autodiff
 from te_jax.ops.base import BasicOperation, FusibleOperation, OpArgs, OpGrads, plain
 from te_jax.ops.context import OperationContext
 from te_jax.ops.registry import backward_fusions, build_plan, forward_fusions
-from te_jax.recipe import Recipe
+from te_jax.recipe import Recipe, autocast_recipe
 
 __all__ = ["Sequential"]
 
@@ -36,6 +36,8 @@ class Sequential(nnx.Module):
         your own), applied in order.
       recipe: ``None`` or a ``te_jax.recipe`` recipe: every ``Linear`` then runs its GEMMs in
         FP8 with its own quantizers (delayed scaling's state as ``FP8Meta`` variables).
+        ``None`` inside ``te_jax.autocast`` takes its recipe (where the sequence has a
+        ``Linear``).
       fuse: ``False`` runs each basic op on its own (the unfused plan, for comparison).
       rngs: ``nnx.Rngs`` for the ops built without one (their parameters, dropout keys).
 
@@ -65,6 +67,8 @@ class Sequential(nnx.Module):
                 f"{_WHERE}: recipe must be a te_jax.recipe recipe (DelayedScaling(), "
                 f"CurrentScaling(), MXFP8BlockScaling()) or None, got {type(recipe).__name__}"
             )
+        if recipe is None and any(op.uses_recipe for op in ops):
+            recipe = autocast_recipe()  # te_jax.autocast's, where one is active
         if recipe is not None and not any(op.uses_recipe for op in ops):
             raise ValueError(
                 f"{_WHERE}: a recipe ({type(recipe).__name__}) was given but no operation "
