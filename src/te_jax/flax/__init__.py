@@ -9,7 +9,8 @@ which a training step takes as the next state (``update_fp8_metas``) and never h
 optimizer. With ``fp8_collection="_overwrite_with_gradient"`` (``OVERWRITE_WITH_GRADIENT``) the
 state lives in Flax's own collection for such variables, and an unmodified
 ``flax.training.train_state.TrainState.apply_gradients`` advances it. docs/flax.md shows both
-training loops.
+training loops. ``from_transformer_engine`` loads TransformerEngine-JAX's variables of the same
+modules.
 """
 
 from te_jax.flax.fp8_state import (
@@ -19,6 +20,7 @@ from te_jax.flax.fp8_state import (
     update_fp8_metas,
 )
 from te_jax.flax.modules import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
+from te_jax.flax.te_variables import from_transformer_engine
 
 __all__ = [
     "DenseGeneral",
@@ -29,4 +31,5 @@ __all__ = [
     "OVERWRITE_WITH_GRADIENT",
     "update_fp8_metas",
     "merge_fp8_metas",
+    "from_transformer_engine",
 ]
