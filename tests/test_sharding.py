@@ -93,6 +93,10 @@ def test_mesh_resource_rules():
     both = dict(MeshResource(dp_resource="replica", fsdp_resource="data").logical_axis_rules())
     assert both["batch"] == ("replica", "data") and both["embed"] == "data"
     assert dict(MeshResource().logical_axis_rules())["batch"] is None
+    # TransformerEngine's tpsp_resource: tensor and sequence parallelism on one axis.
+    tpsp = MeshResource(dp_resource="data", tpsp_resource="tensor")
+    assert (tpsp.tp_resource, tpsp.sp_resource) == ("tensor", "tensor")
+    assert dict(tpsp.logical_axis_rules())["length"] == "tensor"
 
 
 @pytest.mark.parametrize(
@@ -101,6 +105,10 @@ def test_mesh_resource_rules():
         ({"dp_resource": "data", "fsdp_resource": "data"}, "same mesh axis"),
         ({"dp_resource": "data", "tp_resource": "data"}, "axis of its own"),
         ({"tp_resource": 3}, "mesh axis name"),
+        ({"tpsp_resource": "t", "tp_resource": "u"}, "tp_resource='u' names another"),
+        ({"cp_resource": "c"}, "no context parallelism"),
+        ({"pp_resource": "p"}, "no pipeline parallelism"),
+        ({"ep_resource": "e"}, "no expert parallelism"),
     ],
 )
 def test_mesh_resource_errors(kwargs, match):

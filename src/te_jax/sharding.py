@@ -68,6 +68,14 @@ ACT = "act"
 LOGICAL_AXES = (BATCH, LENGTH, EMBED, MLP, ACT)
 
 
+# TransformerEngine's MeshResource fields for parallelism te_jax does not have.
+_NOT_SUPPORTED = {
+    "cp_resource": "context parallelism",
+    "pp_resource": "pipeline parallelism",
+    "ep_resource": "expert parallelism",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshResource:
     """The mesh axis (a name of the mesh, or ``None``) of each kind of parallelism.
@@ -79,12 +87,20 @@ class MeshResource:
       tp_resource: tensor parallelism: the MLP's intermediate dimension (``mlp``) split.
       sp_resource: sequence parallelism: the activations' ``length`` dimension split outside
         the tensor-parallel region (usually ``tp_resource``'s axis).
+      tpsp_resource: TransformerEngine's name for tensor and sequence parallelism on one axis:
+        sets ``tp_resource`` and ``sp_resource`` to it.
+      cp_resource, pp_resource, ep_resource: TransformerEngine's context, pipeline and expert
+        parallelism, which te_jax does not have: accepted as ``None`` only.
     """
 
     dp_resource: str | None = None
     fsdp_resource: str | None = None
     tp_resource: str | None = None
     sp_resource: str | None = None
+    tpsp_resource: str | None = None
+    cp_resource: str | None = None
+    pp_resource: str | None = None
+    ep_resource: str | None = None
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -94,6 +110,22 @@ class MeshResource:
                     f"te_jax.sharding.MeshResource: {f.name} must be a mesh axis name (str) or "
                     f"None, got {v!r}"
                 )
+        for field, what in _NOT_SUPPORTED.items():
+            if getattr(self, field) is not None:
+                raise ValueError(
+                    f"te_jax.sharding.MeshResource: {field}={getattr(self, field)!r}: te_jax has "
+                    f"no {what} (its ops shard over data, FSDP, tensor and sequence axes); "
+                    f"leave {field} None"
+                )
+        if self.tpsp_resource is not None:
+            for field in ("tp_resource", "sp_resource"):
+                if getattr(self, field) not in (None, self.tpsp_resource):
+                    raise ValueError(
+                        f"te_jax.sharding.MeshResource: tpsp_resource={self.tpsp_resource!r} "
+                        f"is tensor and sequence parallelism on one axis, but {field}="
+                        f"{getattr(self, field)!r} names another: give one of them"
+                    )
+                object.__setattr__(self, field, self.tpsp_resource)
         if self.dp_resource is not None and self.dp_resource == self.fsdp_resource:
             raise ValueError(
                 "te_jax.sharding.MeshResource: dp_resource and fsdp_resource name the same "
