@@ -1,5 +1,6 @@
-"""pytest configuration: per-test random generators, the backend in the report header, and the
-``long`` tests first in the order (pytest-xdist then starts them early and fills in around them).
+"""pytest configuration: per-test random generators, the backend in the report header, the
+``long`` tests first in the order (pytest-xdist then starts them early and fills in around them),
+and on a CPU XLA compiling with little optimisation (``_compile_for_numbers``).
 
 The tests run unchanged on CPU (CI) and on a GPU: the backend is ``jax.default_backend()``.
 The sharded checks (``tests/sharded/sharded_checks.py``) need 8 devices set up before jax
@@ -21,6 +22,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # float64_oracle
 # pytest-xdist's workers share a GPU: none may reserve most of its memory up front (jax's default).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def _compile_for_numbers():
+    """On a CPU the suite checks numbers and programs, not speed: XLA compiles with little
+    optimisation (LLVM's expensive passes off; about a third less CPU time per test), and the
+    processes the tests start (the 8-device checks, the examples) inherit it. A GPU run keeps
+    XLA's defaults: its tests check the fused kernels. ``JAX_DISABLE_MOST_OPTIMIZATIONS=0``
+    in the environment keeps them on a CPU too."""
+    import jax
+
+    if os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS") is None and jax.default_backend() == "cpu":
+        jax.config.update("jax_disable_most_optimizations", True)
+        os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
+
+_compile_for_numbers()
 
 
 def pytest_report_header(config):
