@@ -192,13 +192,19 @@ def test_float64_is_served_by_the_pure_jax_path(alias, impl, rng):
     with enable_x64():
         xj, dzj = jnp.asarray(x, jnp.float64), jnp.asarray(dz, jnp.float64)
         kw = dict(activation_type=alias, implementation=impl)
-        outs = {
-            "act_lu": jax.jit(lambda x: te_jax.act_lu(x, **kw))(xj),
-            "activation": te_jax.activation(xj, **kw),
-            "dact_lu": te_jax.dact_lu(dzj, xj, **kw),
-            "grad": jax.grad(lambda x: jnp.sum(te_jax.activation(x, **kw) * dzj))(xj),
-        }
-        outs["dx"], dbias = te_jax.quantize_dact_dbias(dzj, xj, **kw)
+
+        @jax.jit  # every op in one program, not op by op
+        def run(xj, dzj):
+            outs = {
+                "act_lu": te_jax.act_lu(xj, **kw),
+                "activation": te_jax.activation(xj, **kw),
+                "dact_lu": te_jax.dact_lu(dzj, xj, **kw),
+                "grad": jax.grad(lambda x: jnp.sum(te_jax.activation(x, **kw) * dzj))(xj),
+            }
+            outs["dx"], dbias = te_jax.quantize_dact_dbias(dzj, xj, **kw)
+            return outs, dbias
+
+        outs, dbias = run(xj, dzj)
         for name, a in [*outs.items(), ("dbias", dbias)]:
             assert a.dtype == jnp.float64, (name, a.dtype)
         outs = {k: np.asarray(v) for k, v in outs.items()}
@@ -381,10 +387,12 @@ def test_mxfp8_forward_alone_takes_any_token_count(op, rng):
         return qdq.rounded(qdq.matmul(qa, qk), BF16)
 
     want = product(qdq.point(np.asarray(x).reshape(8, 64)), k1)
-    if op == "dense":
-        got = te_jax.dense(x, k1, quantizer_set=qs)
+    if op == "dense":  # jitted: one program, not op by op
+        got = jax.jit(lambda x, k1: te_jax.dense(x, k1, quantizer_set=qs))(x, k1)
     else:
-        got = te_jax.fused_mlp(x, k1, k2, None, None, "gelu", (qs, qs))
+        got = jax.jit(lambda x, k1, k2: te_jax.fused_mlp(x, k1, k2, None, None, "gelu", (qs, qs)))(
+            x, k1, k2
+        )
         gelu = next(a for a in ACT_BY_ALIAS.values() if a.alias == "gelu").enum
         h = qdq.rounded(qdq.activation(want, gelu, gated=False), BF16)
         want = product(h, k2)

@@ -104,117 +104,163 @@ def _flat(st, m, n):
 
 
 def _fused_cases():
-    """For each op and (mode, q_dtype): every layout and every input dtype once, the pairing
-    of the two turning with the mode, so that each op meets every (layout, dtype) pair too."""
-    for op in ("act_lu", "quantize_dact_dbias"):
-        for i, ((mode, q_dtype), mode_id) in enumerate(zip(MODES, MODE_IDS, strict=True)):
-            for j, layout in enumerate(LAYOUTS):
-                dtype = list(DTYPES)[(i + j) % len(DTYPES)]
-                id_ = f"{op}-{mode_id}-{layout.name}-{dtype}"
-                yield pytest.param(op, mode, q_dtype, layout, dtype, id=id_)
+    """For each (mode, q_dtype): every layout and every input dtype once, the pairing of the two
+    turning with the mode, so that each op (both run in every case) meets every (layout, dtype)
+    pair too."""
+    for i, ((mode, q_dtype), mode_id) in enumerate(zip(MODES, MODE_IDS, strict=True)):
+        for j, layout in enumerate(LAYOUTS):
+            dtype = list(DTYPES)[(i + j) % len(DTYPES)]
+            id_ = f"{mode_id}-{layout.name}-{dtype}"
+            yield pytest.param(mode, q_dtype, layout, dtype, id=id_)
 
 
-@pytest.mark.parametrize("op, mode, q_dtype, layout, dtype", list(_fused_cases()))
-def test_fused_equals_quantize_of_the_op(op, mode, q_dtype, layout, dtype, rng):
-    """The fused kernel equals the standalone quantize kernel applied to the unquantized op's
-    output, bit for bit, for every activation: the kernels quantize exactly the values the
-    unquantized op returns. (The standalone kernel equals the pure-JAX reference, and that the
-    NumPy oracle: test_standalone_quantize_equals_reference, tests/quantize/.)"""
+OPS = ("act_lu", "quantize_dact_dbias")
+
+
+@pytest.mark.parametrize("mode, q_dtype, layout, dtype", list(_fused_cases()))
+def test_fused_equals_quantize_of_the_op(mode, q_dtype, layout, dtype, rng):
+    """The fused kernels (act_lu, quantize_dact_dbias) equal the standalone quantize kernel
+    applied to the unquantized op's output, bit for bit, for every activation: the kernels
+    quantize exactly the values the unquantized op returns. (The standalone kernel equals the
+    pure-JAX reference, and that the NumPy oracle: test_standalone_quantize_equals_reference,
+    tests/quantize/.) Both ops and every activation in one program."""
     q = _quantizer(mode, q_dtype, layout)
     pairs = _inputs(rng, DTYPES[dtype])
 
     def f(pairs):
         outs = []
-        for act, (dz, x) in zip(ACTS, pairs, strict=True):
-            if op == "act_lu":
-                y, dbias = te_jax.act_lu(x, act.alias, implementation="ffi"), None
-                fused = te_jax.act_lu(x, act.alias, quantizer=q, implementation="ffi")
-                fused_dbias = None
-            else:
-                y, dbias = te_jax.quantize_dact_dbias(dz, x, act.alias, implementation="ffi")
-                fused, fused_dbias = te_jax.quantize_dact_dbias(
-                    dz, x, act.alias, is_dbias=True, quantizer=q, implementation="ffi"
-                )
-            m = y.size // y.shape[-1] // (2 if op != "act_lu" and act.gated else 1)
-            composite = te_jax.quantize.quantize(y.reshape(m, -1), q, implementation="ffi")
-            # sum |dx| over the rows bounds the float32 summation error of dbias
-            abs_sum = jnp.abs(y.astype(jnp.float32).reshape(m, -1)).sum(0)
-            outs.append((fused, composite, fused_dbias, dbias, m, abs_sum))
+        for op in OPS:
+            for act, (dz, x) in zip(ACTS, pairs, strict=True):
+                if op == "act_lu":
+                    y, dbias = te_jax.act_lu(x, act.alias, implementation="ffi"), None
+                    fused = te_jax.act_lu(x, act.alias, quantizer=q, implementation="ffi")
+                    fused_dbias = None
+                else:
+                    y, dbias = te_jax.quantize_dact_dbias(dz, x, act.alias, implementation="ffi")
+                    fused, fused_dbias = te_jax.quantize_dact_dbias(
+                        dz, x, act.alias, is_dbias=True, quantizer=q, implementation="ffi"
+                    )
+                m = y.size // y.shape[-1] // (2 if op != "act_lu" and act.gated else 1)
+                composite = te_jax.quantize.quantize(y.reshape(m, -1), q, implementation="ffi")
+                # sum |dx| over the rows bounds the float32 summation error of dbias
+                abs_sum = jnp.abs(y.astype(jnp.float32).reshape(m, -1)).sum(0)
+                outs.append((fused, composite, fused_dbias, dbias, m, abs_sum))
         return outs
 
     tol = {"f32": 1e-5, "bf16": 2**-7, "f16": 2**-10}[dtype]
     outs = jax.jit(f)(pairs)
-    for act, (fused, composite, fused_dbias, dbias, m, abs_sum) in zip(ACTS, outs, strict=True):
+    cases = [(op, act) for op in OPS for act in ACTS]
+    for (op, act), (fused, composite, fused_dbias, dbias, m, abs_sum) in zip(
+        cases, outs, strict=True
+    ):
+        what = f"{op} {act.alias}"
         n = fused.shape and int(np.prod(fused.shape)) // m
         got, want = _flat(fused, m, n), _flat(composite, m, n)
         for k in FIELDS:
-            assert (got[k] is None) == (want[k] is None), (act.alias, k)
+            assert (got[k] is None) == (want[k] is None), (what, k)
             if got[k] is not None:
-                np.testing.assert_array_equal(got[k], want[k], err_msg=f"{act.alias} {k}")
+                np.testing.assert_array_equal(got[k], want[k], err_msg=f"{what} {k}")
         if dbias is not None:
             # The two kernels sum the rows in different orders: float32 summation error
             # (64 rows: < 2^-16 of sum |dx|) plus one rounding to the output dtype.
             got_b, want_b = np.asarray(fused_dbias, np.float32), np.asarray(dbias, np.float32)
             allowed = tol * np.abs(want_b) + 2.0**-16 * np.asarray(abs_sum).reshape(want_b.shape)
             bad = np.abs(got_b - want_b) > allowed
-            assert not bad.any(), (act.alias, got_b[bad][:4], want_b[bad][:4])
+            assert not bad.any(), (what, got_b[bad][:4], want_b[bad][:4])
+
+
+# x (2, 3, 32, 2, 32): leading axes folded into the rows; two column blocks of MXFP8, four of
+# NVFP4; the last two axes are the features of a gated kernel (K, 2, N) under n_feature_axes=2.
+X5 = (2, 3, 32, 2, 32)
+FLAT = (2, 3, 32, 64)
+
+
+@functools.cache
+def _standalone_program(mode, q_dtype):
+    """One program per (mode, q_dtype): the kernel in every layout and with two feature axes, the
+    pure-JAX path in ROWWISE_COLWISE (flat and with two feature axes). The pure-JAX path's
+    single layouts are not compiled (NVFP4's costs seconds each): a single layout's buffers are
+    ROWWISE_COLWISE's, which tests/quantize/ checks the pure-JAX path to give in every layout."""
+    both = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
+
+    def f(x5):
+        flat = x5.reshape(FLAT)
+        quant = te_jax.quantize.quantize
+        kernel = [
+            quant(flat, _quantizer(mode, q_dtype, lay), implementation="ffi") for lay in LAYOUTS
+        ]
+        ref = quant(flat, both, implementation="xla")
+        two = [quant(x5, both, implementation=i, n_feature_axes=2) for i in ("ffi", "xla")]
+        return kernel, ref, two, two[1].dequantize(), ref.dequantize()
+
+    return jax.jit(f)
 
 
 @pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
-# Several blocks along both axes; leading axes folded into the rows.
-@pytest.mark.parametrize("shape", [(64, 96), (2, 3, 32, 64)], ids=str)
-def test_standalone_quantize_equals_reference(mode, q_dtype, shape, rng):
-    def both(x, q):
-        got = te_jax.quantize.quantize(x, q, implementation="ffi")
-        want = te_jax.quantize.quantize(x, q, implementation="xla")
-        return got, want, got.dequantize(), want.dequantize()
-
-    qs = [_quantizer(mode, q_dtype, layout) for layout in LAYOUTS]
-    xs = [jnp.asarray(rng.standard_normal(shape) * 10, jnp.bfloat16) for _ in LAYOUTS]
-    # Every layout in one program: one compilation, not three.
-    outs = jax.jit(lambda xs, qs: [both(x, q) for x, q in zip(xs, qs, strict=True)])(xs, qs)
-    for layout, (got, want, got_dq, want_dq) in zip(LAYOUTS, outs, strict=True):
-        assert_same_scaled(got, want, layout.name)
-        np.testing.assert_array_equal(
-            np.asarray(got_dq, np.float32), np.asarray(want_dq, np.float32)
+def test_standalone_quantize_equals_reference(mode, q_dtype, rng):
+    """The standalone quantize kernel in every layout equals the pure-JAX path bit for bit
+    (buffers, scales, amaxes, metadata): several blocks along both axes, leading axes folded."""
+    x5 = jnp.asarray(rng.standard_normal(X5) * 10, jnp.bfloat16)
+    kernel, ref, _, _, _ = _standalone_program(mode, q_dtype)(x5)
+    for layout, got in zip(LAYOUTS, kernel, strict=True):
+        # What the pure-JAX path returns in this layout (abstractly: its fields and metadata).
+        q = _quantizer(mode, q_dtype, layout)
+        want = jax.eval_shape(
+            lambda x, q=q: te_jax.quantize.quantize(x, q, implementation="xla"), x5.reshape(FLAT)
         )
+        assert got.scaling_mode == want.scaling_mode and got.q_layout == want.q_layout, layout
+        assert got.dq_dtype == want.dq_dtype and got.shape == want.shape, layout
+        for f in FIELDS:
+            g, w = getattr(got, f), getattr(want, f)
+            assert (g is None) == (w is None), (layout.name, f)
+            if g is not None:
+                r = getattr(ref, f)
+                assert g.shape == w.shape == r.shape and g.dtype == w.dtype, (layout.name, f)
+                np.testing.assert_array_equal(_bits(g), _bits(r), err_msg=f"{layout.name} {f}")
 
 
 @pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
 def test_quantize_with_two_feature_axes(mode, q_dtype, rng):
-    """A gated kernel (K, 2, N) quantized with n_feature_axes=2 is the (K, 2N) tensor's
-    quantization, its axes kept: the colwise copy of tensor scaling (2, N, K), the block modes'
-    copies and scales of x's shape; the kernel path equals the pure-JAX one."""
-    x = jnp.asarray(rng.standard_normal((64, 2, 32)) * 10, jnp.bfloat16)
+    """A gated kernel (..., K, 2, N) quantized with n_feature_axes=2 is the (..., K, 2N) tensor's
+    quantization, its axes kept: the colwise copy of tensor scaling (2, N, ...K), the block modes'
+    copies of x's shape; the kernel path and the pure-JAX one both (the program of
+    test_standalone_quantize_equals_reference, which checks the flat tensor's kernel path)."""
+    x5 = jnp.asarray(rng.standard_normal(X5) * 10, jnp.bfloat16)
+    _, ref, two, two_dq, ref_dq = _standalone_program(mode, q_dtype)(x5)
+    rows = int(np.prod(FLAT[:-1]))
+    for impl, got in zip(("ffi", "xla"), two, strict=True):
+        assert got.data.shape == X5 and got.n_feature_axes == 2, impl
+        np.testing.assert_array_equal(_bits(got.data.reshape(FLAT)), _bits(ref.data), impl)
+        if mode in ("delayed", "current"):
+            assert got.colwise_data.shape == (2, 32, 2, 3, 32), impl
+            np.testing.assert_array_equal(
+                _bits(got.colwise_data.reshape(64, rows)),
+                _bits(ref.colwise_data.reshape(64, rows)),
+                impl,
+            )
+    # The buffers are equal: one dequantize (the pure-JAX path's) checks n_feature_axes there.
+    np.testing.assert_array_equal(
+        np.asarray(two_dq, np.float32).reshape(FLAT), np.asarray(ref_dq, np.float32)
+    )
+    q = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
+    with pytest.raises(ValueError, match="n_feature_axes"):
+        jax.eval_shape(  # no leading axis left
+            lambda x: te_jax.quantize.quantize(x, q, n_feature_axes=3),
+            jax.ShapeDtypeStruct((64, 2, 32), jnp.bfloat16),
+        )
+
+
+@functools.cache
+def _special_program(mode, q_dtype):
+    """One program per (mode, q_dtype), whatever the values: the kernel and the pure-JAX path
+    on one input of each dtype (the three kinds of special input run it three times)."""
     q = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
 
-    @functools.partial(jax.jit, static_argnums=1)  # one compilation, not one per eager op
-    def both(x, impl):
-        got = te_jax.quantize.quantize(x, q, implementation=impl, n_feature_axes=2)
-        flat = te_jax.quantize.quantize(x.reshape(64, 64), q, implementation=impl)
-        return got, flat, got.dequantize(), flat.dequantize()
+    def f(xs):
+        quant = te_jax.quantize.quantize
+        return [(quant(x, q, implementation="ffi"), quant(x, q, implementation="xla")) for x in xs]
 
-    for impl in ("ffi", "xla"):
-        got, flat, got_dq, flat_dq = both(x, impl)
-        assert got.data.shape == x.shape and got.n_feature_axes == 2
-        np.testing.assert_array_equal(_bits(got.data.reshape(64, 64)), _bits(flat.data))
-        if mode in ("delayed", "current"):
-            assert got.colwise_data.shape == (2, 32, 64)
-            np.testing.assert_array_equal(
-                _bits(got.colwise_data.reshape(64, 64)), _bits(flat.colwise_data)
-            )
-        np.testing.assert_array_equal(
-            np.asarray(got_dq, np.float32).reshape(64, 64), np.asarray(flat_dq, np.float32)
-        )
-    with pytest.raises(ValueError, match="n_feature_axes"):
-        te_jax.quantize.quantize(x, q, n_feature_axes=3)
-
-
-@functools.partial(jax.jit, static_argnames="implementation")
-def _quantize(x, q, implementation):
-    """One program per (x's shape and dtype, quantizer kind, implementation), whatever the
-    values: the special-block inputs of one dtype share it."""
-    return te_jax.quantize.quantize(x, q, implementation=implementation)
+    return jax.jit(f)
 
 
 def _special_input(kind, dtype):
@@ -243,21 +289,20 @@ def _same_or_both_nan(got, want, what):
     np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=what)
 
 
-@pytest.mark.parametrize("kind", ["finite", "nan", "inf"])  # innermost: one program for all 3
-@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("kind", ["finite", "nan", "inf"])  # one program for all 3
 @pytest.mark.parametrize(("mode", "q_dtype"), MODES, ids=MODE_IDS)
-def test_standalone_quantize_special_blocks(mode, q_dtype, kind, dtype):
+def test_standalone_quantize_special_blocks(mode, q_dtype, kind):
     """Zero, underflowing, NaN and infinite blocks: the kernels' special cases (NVFP4's zero and
-    NaN block scales, MXFP8's NaN and clamped scales, the amax of NaN) equal the pure-JAX path."""
-    x = _special_input(kind, DTYPES[dtype])
-    q = _quantizer(mode, q_dtype, QuantizeLayout.ROWWISE_COLWISE)
-    got, want = _quantize(x, q, "ffi"), _quantize(x, q, "xla")
-    for f in FIELDS:
-        g, w = getattr(got, f), getattr(want, f)
-        assert (g is None) == (w is None), f
-        if g is not None:
-            assert g.shape == w.shape and g.dtype == w.dtype, f
-            _same_or_both_nan(g, w, f"{mode} {kind} {dtype} {f}")
+    NaN block scales, MXFP8's NaN and clamped scales, the amax of NaN) equal the pure-JAX path,
+    for every input dtype."""
+    xs = [_special_input(kind, dtype) for dtype in DTYPES.values()]
+    for dtype, (got, want) in zip(DTYPES, _special_program(mode, q_dtype)(xs), strict=True):
+        for f in FIELDS:
+            g, w = getattr(got, f), getattr(want, f)
+            assert (g is None) == (w is None), f
+            if g is not None:
+                assert g.shape == w.shape and g.dtype == w.dtype, f
+                _same_or_both_nan(g, w, f"{mode} {kind} {dtype} {f}")
 
 
 def test_dact_lu_with_quantizer_is_the_dx_of_quantize_dact_dbias(rng):
@@ -279,16 +324,28 @@ def test_vmap_gives_one_tensor_per_element(mode, rng):
         * jnp.asarray([1.0, 10.0, 100.0])[:, None, None, None]
     )
     dz = jnp.asarray(rng.standard_normal((3, 32, 64)), jnp.float32)
-    batched = jax.jit(jax.vmap(lambda x: te_jax.act_lu(x, "geglu", quantizer=q)))(x)
+
+    def act(x):
+        return te_jax.act_lu(x, "geglu", quantizer=q)
+
+    def dact(dz, x):
+        return te_jax.quantize_dact_dbias(dz, x, "geglu", quantizer=q)
+
+    @jax.jit  # one program: the batched calls and each element's own
+    def f(dz, x):
+        return (
+            jax.vmap(act)(x),
+            jax.vmap(dact)(dz, x),
+            [act(x[i]) for i in range(3)],
+            [dact(dz[i], x[i]) for i in range(3)],
+        )
+
+    batched, (st, dbias), ones, one_dacts = f(dz, x)
     for i in range(3):
-        one = te_jax.act_lu(x[i], "geglu", quantizer=q)
-        assert_same_scaled(jax.tree.map(lambda a, i=i: a[i], batched), one, f"element {i}")
-    st, dbias = jax.vmap(lambda dz, x: te_jax.quantize_dact_dbias(dz, x, "geglu", quantizer=q))(
-        dz, x
-    )
-    for i in range(3):
-        one, one_dbias = te_jax.quantize_dact_dbias(dz[i], x[i], "geglu", quantizer=q)
-        assert_same_scaled(jax.tree.map(lambda a, i=i: a[i], st), one, f"dact element {i}")
+        take = lambda a, i=i: a[i]  # noqa: E731
+        assert_same_scaled(jax.tree.map(take, batched), ones[i], f"element {i}")
+        one, one_dbias = one_dacts[i]
+        assert_same_scaled(jax.tree.map(take, st), one, f"dact element {i}")
         np.testing.assert_allclose(dbias[i], one_dbias, rtol=1e-6, atol=1e-6)
 
 
