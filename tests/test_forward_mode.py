@@ -91,9 +91,16 @@ def _assert_close(got, want, bound, what):
 
 
 def _jvp64(f, primals, tangents):
-    """The float64 pure-JAX path's JVP (te_jax's float64 dense is plain JAX math)."""
+    """The float64 pure-JAX path's JVP (te_jax's float64 dense is plain JAX math), jitted: one
+    program, not one per eager op."""
     with enable_x64():
-        return jax.jvp(f, _f64(primals), _f64(tangents))
+        return jax.jit(lambda p, t: jax.jvp(f, p, t))(_f64(primals), _f64(tangents))
+
+
+def _x64(fn, *args):
+    """``jax.jit(fn)`` on ``args`` in float64: the pure-JAX path's values."""
+    with enable_x64():
+        return jax.jit(fn)(*_f64(args))
 
 
 OPS = ["dense", "fused_mlp"]
@@ -103,8 +110,39 @@ KERNEL_GEMM = (
     and te_jax.ffi_available("cuda")
     and environment_implementation() != "xla"
 )
-CASES = [(a, b, d) for a in ACTS for b in (True, False) for d in DTYPES]
-CASE_IDS = [f"{a}-{'bias' if b else 'nobias'}-{d}" for a, b, d in CASES]
+# Pairwise over (op, activation, bias, dtype): every pair of values of two options meets once
+# (fused_mlp always has an activation), ten cases rather than the twenty of the product.
+JVP_CASES = [
+    ("dense", "none", True, "f32"),
+    ("dense", "none", False, "bf16"),
+    ("dense", "gelu", True, "bf16"),
+    ("dense", "gelu", False, "f32"),
+    ("dense", "swiglu", True, "f32"),
+    ("dense", "swiglu", False, "bf16"),
+    ("fused_mlp", "gelu", True, "f32"),
+    ("fused_mlp", "gelu", False, "bf16"),
+    ("fused_mlp", "swiglu", True, "bf16"),
+    ("fused_mlp", "swiglu", False, "f32"),
+]
+JVP_IDS = [f"{o}-{a}-{'bias' if b else 'nobias'}-{d}" for o, a, b, d in JVP_CASES]
+# (op, activation, dtype) pairwise: each (op, activation) once, the dtypes alternating so that
+# each op and each activation meets both.
+JAC_CASES = [
+    ("dense", "none", "f32"),
+    ("dense", "none", "bf16"),
+    ("dense", "gelu", "bf16"),
+    ("dense", "swiglu", "f32"),
+    ("fused_mlp", "gelu", "f32"),
+    ("fused_mlp", "swiglu", "bf16"),
+]
+HVP_CASES = [
+    ("dense", "none", "bf16"),
+    ("dense", "none", "f32"),
+    ("dense", "gelu", "f32"),
+    ("dense", "swiglu", "bf16"),
+    ("fused_mlp", "gelu", "bf16"),
+    ("fused_mlp", "swiglu", "f32"),
+]
 
 
 # ---- jvp, jacfwd, hvp ---------------------------------------------------------------------------
@@ -121,42 +159,37 @@ def _case(op, act, bias, dtype, rng):
     return a, dt, f, primals, _tangents(rng, primals)
 
 
-@pytest.mark.parametrize("act, bias, dtype", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op, act, bias, dtype", JVP_CASES, ids=JVP_IDS)
 def test_jvp_matches_float64(op, act, bias, dtype, rng):
-    """``jax.jvp`` along every operand, and along the kernel alone (the other tangents zero),
-    eagerly and under jit: the primal is the op's own, the tangent the float64 math's."""
+    """``jax.jvp`` along every operand, eagerly and under jit, and along the kernel alone (the
+    other tangents zero): the primal is the op's own, the tangent the float64 math's."""
     a, dt, f, primals, tangents = _case(op, act, bias, dtype, rng)
     y, y_dot = jax.jvp(f, primals, tangents)
     assert y.dtype == y_dot.dtype == dt and y_dot.shape == y.shape
     np.testing.assert_array_equal(np.asarray(y), np.asarray(f(*primals)))
-    _, want = _jvp64(f, primals, tangents)
+
+    def tangents_of(p, t):  # along every operand; along the kernel alone
+        along_kernel = lambda k: f(p[0], k, *p[2:])  # noqa: E731
+        return jax.jvp(f, p, t)[1], jax.jvp(along_kernel, (p[1],), (t[1],))[1]
+
+    jit_dot, k_dot = jax.jit(tangents_of)(primals, tangents)
+    want, want_k = _x64(tangents_of, primals, tangents)
     _assert_close(y_dot, want, 4 * tol(dt, a), "jvp")
-    jit_dot = jax.jit(lambda p, t: jax.jvp(f, p, t)[1])(primals, tangents)
     _assert_close(jit_dot, want, 4 * tol(dt, a), "jit(jvp)")
-
-    def along_kernel(k):
-        return f(primals[0], k, *primals[2:])
-
-    _, k_dot = jax.jvp(along_kernel, (primals[1],), (tangents[1],))
-    _, want_k = _jvp64(along_kernel, (primals[1],), (tangents[1],))
     _assert_close(k_dot, want_k, 4 * tol(dt, a), "jvp along the kernel")
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("act", list(ACTS))
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op, act, dtype", JAC_CASES, ids=["-".join(c) for c in JAC_CASES])
 def test_jacfwd_equals_jacrev(op, act, dtype, rng):
     """The full Jacobian with respect to x and the first kernel, both ways: forward mode's pure
     JAX tangent against reverse mode's backward kernels (the same math, rounded in another
-    order: two roundings of the dtype apart)."""
-    if op == "fused_mlp" and act == "none":
-        pytest.skip("fused_mlp always has an activation")
+    order: two roundings of the dtype apart). One program computes both."""
     a, dt = ACTS[act], DTYPES[dtype]
     f = _op(op, a)
     args = _args(op, _operands(rng, a, True, dt, lead=(1, 2)))
-    fwd = jax.jacfwd(f, argnums=(0, 1))(*args)
-    rev = jax.jacrev(f, argnums=(0, 1))(*args)
+    fwd, rev = jax.jit(
+        lambda *args: (jax.jacfwd(f, argnums=(0, 1))(*args), jax.jacrev(f, argnums=(0, 1))(*args))
+    )(*args)
     for what, j_f, j_r in zip(("d/dx", "d/dkernel"), fwd, rev, strict=True):
         assert j_f.shape == j_r.shape and j_f.dtype == j_r.dtype == dt, what
         scale = float(np.max(np.abs(np.asarray(j_r, np.float64))))
@@ -169,9 +202,7 @@ def test_jacfwd_equals_jacrev(op, act, dtype, rng):
         )
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("act", list(ACTS))
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op, act, dtype", HVP_CASES, ids=["-".join(c) for c in HVP_CASES])
 def test_hessian_vector_product_matches_float64(op, act, dtype, rng):
     """``jvp(grad(loss))``, forward over reverse, with respect to every operand: the backward's
     kernels differentiated in forward mode, against the float64 math's."""
@@ -183,9 +214,8 @@ def test_hessian_vector_product_matches_float64(op, act, dtype, rng):
         return jnp.sum(y.astype(c.dtype) ** 2 * c)
 
     grad = jax.grad(loss, argnums=tuple(range(len(primals))))
-    _, hvp = jax.jvp(grad, primals, tangents)
-    with enable_x64():
-        _, want = jax.jvp(grad, _f64(primals), _f64(tangents))
+    _, hvp = jax.jit(lambda p, t: jax.jvp(grad, p, t))(primals, tangents)
+    _, want = _jvp64(grad, primals, tangents)
     _assert_close(hvp, want, 8 * tol(dt, a), "hvp")
 
 
@@ -291,16 +321,17 @@ def test_dgelu_epilogue_backward_in_both_modes(bias, rng):
     grad = jax.grad(loss, argnums=tuple(range(len(primals))))
     assert _epilogues(jax.make_jaxpr(grad)(*primals).jaxpr).count("DGELU") == 1
     bound = 8 * tol(dt, a)
-    _, got = jax.jvp(f, primals, tangents)
-    _, want = _jvp64(f, primals, tangents)
+
+    def modes(p, t):  # jvp, the Hessian-vector product; one program for the dtype's run
+        return jax.jvp(f, p, t)[1], jax.jvp(grad, p, t)[1]
+
+    (got, hvp), (want, want_hvp) = jax.jit(modes)(primals, tangents), _x64(modes, primals, tangents)
     _assert_close(got, want, bound, "jvp")
-    _, hvp = jax.jvp(grad, primals, tangents)
-    with enable_x64():
-        _, want = jax.jvp(grad, _f64(primals), _f64(tangents))
-    _assert_close(hvp, want, bound, "hvp")
+    _assert_close(hvp, want_hvp, bound, "hvp")
     xs = primals[0][:1, :1]
-    j_f = jax.jacfwd(f, argnums=1)(xs, *primals[1:])
-    j_r = jax.jacrev(f, argnums=1)(xs, *primals[1:])
+    j_f, j_r = jax.jit(lambda *p: (jax.jacfwd(f, argnums=1)(*p), jax.jacrev(f, argnums=1)(*p)))(
+        xs, *primals[1:]
+    )
     _assert_close(j_f, j_r, bound, "jacfwd vs jacrev")
 
 
@@ -322,25 +353,29 @@ def test_under_vmap_scan_checkpoint(rng):
     g = jax.grad(per_row, argnums=(0, 1, 2))
     prims = _primitives(jax.make_jaxpr(g)(x, k, b).jaxpr)
     assert prims["te_jax_dact_dbias"] == 1 and not set(prims) & _TRANSCENDENTAL
-    with enable_x64():
-        want = g(*_f64((x, k, b)))
-    _assert_close(g(x, k, b), want, bound, "grad of vmap")
-    _assert_close(jax.jacfwd(per_row, argnums=1)(x, k, b), want[1], bound, "jacfwd of vmap")
 
     ks = jnp.asarray(rng.uniform(-1, 1, (2, K, K)) / np.sqrt(K), dt)
+    t = _tangents(rng, (x, ks))
 
     def layers(x, ks):
         return jax.lax.scan(lambda h, kk: (te_jax.dense(h, kk, None, "gelu"), None), x, ks)[0]
 
-    t = _tangents(rng, (x, ks))
-    _, got = jax.jvp(layers, (x, ks), t)
-    _, want = _jvp64(layers, (x, ks), t)
-    _assert_close(got, want, 2 * bound, "jvp of scan")
-
     ck = jax.grad(jax.checkpoint(lambda x, k, b: jnp.sum(f(x, k, b) ** 2)), argnums=(0, 1, 2))
-    with enable_x64():
-        want = ck(*_f64((x, k, b)))
-    _assert_close(ck(x, k, b), want, bound, "grad of checkpoint")
+
+    def transforms(x, k, b, ks, t):  # all four in one program (float32 and float64 runs)
+        return (
+            g(x, k, b),
+            jax.jacfwd(per_row, argnums=1)(x, k, b),
+            jax.jvp(layers, (x, ks), t)[1],
+            ck(x, k, b),
+        )
+
+    got = jax.jit(transforms)(x, k, b, ks, t)
+    want = _x64(transforms, x, k, b, ks, t)
+    _assert_close(got[0], want[0], bound, "grad of vmap")
+    _assert_close(got[1], want[0][1], bound, "jacfwd of vmap")
+    _assert_close(got[2], want[2], 2 * bound, "jvp of scan")
+    _assert_close(got[3], want[3], bound, "grad of checkpoint")
 
 
 # ---- FP8: reverse mode only ---------------------------------------------------------------------
@@ -362,7 +397,10 @@ FORWARD_MODES = {
 @pytest.mark.parametrize("op", OPS)
 def test_fp8_forward_mode_raises_a_clear_error(op, recipe, how, rng):
     """Forward mode through an FP8 op raises te_jax's TypeError at trace time (jit included),
-    naming the op and reverse mode as the way; reverse mode works (checked with jvp's case)."""
+    naming the op and reverse mode as the way; reverse mode works (checked with jvp's case).
+    Every case traced (``jax.eval_shape``: te_jax's check of the op's output); the eager modes
+    also eagerly (JAX's own error, re-raised as te_jax's) for the tensor-scaling recipes (the
+    same wrapper for every recipe; MXFP8's eager forward would compile its ops one by one)."""
     a = ACTS["gelu"]
     # Multiples of 32 everywhere: MXFP8's blocks (32 tokens, K = N = 32).
     x, k1, b1, k2, b2 = _operands(rng, a, True, jnp.bfloat16, lead=(2, 16), n=32)
@@ -372,15 +410,18 @@ def test_fp8_forward_mode_raises_a_clear_error(op, recipe, how, rng):
     else:
         f = lambda x: te_jax.fused_mlp(x, k1, k2, b1, b2, "gelu", (q(), q()))
     where = re.escape(f"te_jax.{op}")
-    with pytest.raises(
-        TypeError,
-        match=f"{where}: forward-mode differentiation .* of an FP8 op is not defined: "
-        "quantization has no derivative. Differentiate it in reverse mode",
-    ):
-        FORWARD_MODES[how](f, x)
-    if how == "jvp":  # reverse mode works (once per op and recipe)
-        g = jax.jit(jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32))))(x)
-        assert g.shape == x.shape and bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
+    match = (
+        f"{where}: forward-mode differentiation .* of an FP8 op is not defined: "
+        "quantization has no derivative. Differentiate it in reverse mode"
+    )
+    with pytest.raises(TypeError, match=match):
+        jax.eval_shape(lambda x: FORWARD_MODES[how](f, x), x)
+    if how != "jit-jvp" and recipe != "mxfp8":
+        with pytest.raises(TypeError, match=match):
+            FORWARD_MODES[how](f, x)
+    if how == "jvp":  # reverse mode traces (once per op and recipe; its values: test_dense.py)
+        g = jax.eval_shape(jax.grad(lambda x: jnp.sum(f(x).astype(jnp.float32))), x)
+        assert g.shape == x.shape and g.dtype == x.dtype
 
 
 # ---- the Flax modules ---------------------------------------------------------------------------
@@ -425,14 +466,22 @@ def test_layernorm_mlp_module_jvp(family, act, rng):
     )
     t_params, t_x = _tangents(rng, jax.tree.leaves(params)), _tangents(rng, (x,))[0]
     t_params = jax.tree.unflatten(jax.tree.structure(params), t_params)
-    out, out_dot = jax.jvp(apply, (params, x), (t_params, t_x))
     flat = lambda p: {k: v for k, v in nnx.to_pure_dict(p).items()} if family == "nnx" else p
     ref = lambda p, x: _reference_block(flat(p), x, a, eps)
+
+    @jax.jit  # one program: the module's and the reference's jvp, jacfwd and jacrev
+    def run(params, x, t_params, t_x):
+        xs = x[:1, :1]
+        return (
+            jax.jvp(apply, (params, x), (t_params, t_x)),
+            jax.jvp(ref, (params, x), (t_params, t_x)),
+            jax.jacfwd(apply, argnums=1)(params, xs),
+            jax.jacrev(apply, argnums=1)(params, xs),
+        )
+
+    # the reference's float32 dots at HIGHEST (te_jax's GEMMs do not read the setting)
     with jax.default_matmul_precision("highest"):
-        ref_out, ref_dot = jax.jvp(ref, (params, x), (t_params, t_x))
+        (out, out_dot), (ref_out, ref_dot), j_f, j_r = run(params, x, t_params, t_x)
     _assert_close(out, ref_out, 4 * tol(jnp.float32, a), "out")
     _assert_close(out_dot, ref_dot, 4 * tol(jnp.float32, a), "jvp")
-    xs = x[:1, :1]
-    j_f = jax.jacfwd(apply, argnums=1)(params, xs)
-    j_r = jax.jacrev(apply, argnums=1)(params, xs)
     _assert_close(j_f, j_r, 4 * tol(jnp.float32, a), "jacfwd vs jacrev")

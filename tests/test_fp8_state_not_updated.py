@@ -3,7 +3,10 @@
 ``te_jax.fused_mlp`` then warn at trace time (``FP8StateNotUpdatedWarning``, once per call
 site), or raise under ``TE_JAX_STRICT_FP8_STATE=1``; differentiating the sets (or the Linen
 ``fp8_metas`` collection, the NNX ``FP8Meta`` variables) is silent and moves the scales; the
-stateless recipes have nothing to drop."""
+stateless recipes have nothing to drop.
+
+The warnings and errors come at trace time: where no value is checked, the step is traced
+(``jax.eval_shape``, ``jit(...).trace``), not compiled."""
 
 from __future__ import annotations
 
@@ -70,18 +73,23 @@ def _fp8_warnings(fn):
 OPS = ["dense", "fused_mlp"]
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("wrt", ["kernels", "x"])
-@pytest.mark.parametrize("op", OPS)
+# (op, wrt, jit) pairwise: each pair of two options' values meets once.
+WARN_CASES = [("dense", "kernels", False), ("dense", "x", True)]
+WARN_CASES += [("fused_mlp", "kernels", True), ("fused_mlp", "x", False)]
+
+
+@pytest.mark.parametrize(
+    "op, wrt, jit", WARN_CASES, ids=[f"{o}-{w}-{'jit' if j else 'eager'}" for o, w, j in WARN_CASES]
+)
 def test_warns_when_only_the_operands_are_differentiated(op, wrt, jit, rng):
     """Differentiating the kernels (or x) but not the sets: one warning naming the op and the
-    fix, attributed to the caller's line (this file), at trace time."""
+    fix, attributed to the caller's line (this file), at trace time (jit: traced only)."""
     x, k1, k2 = _operands(rng)
     sets = _sets(DelayedScaling())
     loss = _loss(op)
     argnum = {"kernels": 0, "x": 2}[wrt]
     grad = jax.grad(loss, argnums=argnum)
-    grad = jax.jit(grad) if jit else grad
+    grad = jax.jit(grad).trace if jit else grad
     with pytest.warns(FP8StateNotUpdatedWarning, match=f"te_jax.{op}: " + MATCH) as record:
         grad((k1, k2), sets, x)
     (w,) = [r for r in record if issubclass(r.category, FP8StateNotUpdatedWarning)]
@@ -108,10 +116,10 @@ def test_silent_without_differentiation(op, rng):
     x, k1, k2 = _operands(rng)
     sets = _sets(DelayedScaling())
     loss = _loss(op)
-    _, caught = _fp8_warnings(lambda: jax.jit(loss)((k1, k2), sets, x))
+    _, caught = _fp8_warnings(lambda: jax.jit(loss).trace((k1, k2), sets, x))
     assert caught == []
     unrelated = jax.grad(lambda s, ks: loss(ks, sets, x) * 0 + s)
-    _, caught = _fp8_warnings(lambda: unrelated(1.0, (k1, k2)))
+    _, caught = _fp8_warnings(lambda: jax.eval_shape(unrelated, 1.0, (k1, k2)))
     assert caught == []
 
 
@@ -122,7 +130,7 @@ def test_silent_without_differentiation(op, rng):
 def test_stateless_recipes_are_silent(op, recipe, rng):
     x, k1, k2 = _operands(rng)
     grad = jax.grad(_loss(op), argnums=0)
-    _, caught = _fp8_warnings(lambda: grad((k1, k2), _sets(recipe), x))
+    _, caught = _fp8_warnings(lambda: jax.eval_shape(grad, (k1, k2), _sets(recipe), x))
     assert caught == []
 
 
@@ -133,14 +141,14 @@ def test_strict_mode_raises(op, value, raises, rng, monkeypatch):
     monkeypatch.setenv(STRICT_ENV, value)
     x, k1, k2 = _operands(rng)
     sets = _sets(DelayedScaling())
-    grad = jax.jit(jax.grad(_loss(op), argnums=0))
+    grad = jax.jit(jax.grad(_loss(op), argnums=0)).trace  # at trace time: nothing compiled
     if raises:
         with pytest.raises(FP8StateNotUpdatedError, match=f"te_jax.{op}: " + MATCH):
             grad((k1, k2), sets, x)
     else:
         with pytest.warns(FP8StateNotUpdatedWarning):
             grad((k1, k2), sets, x)
-    both = jax.jit(jax.grad(_loss(op), argnums=(0, 1)))
+    both = jax.jit(jax.grad(_loss(op), argnums=(0, 1))).trace
     both((k1, k2), sets, x)  # the right step never raises
 
 
@@ -155,9 +163,10 @@ def test_once_per_call_site(rng):
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
-        for _ in range(3):  # one call site of dense, traced three times: one warning
-            grad((k1, k2), sets, x)
-        other(k1)  # another call site: another warning
+        for _ in range(3):  # one call site of dense, traced three times (a new jit each time,
+            # so no tracing cache): one warning
+            jax.jit(lambda *a: grad(*a)).trace((k1, k2), sets, x)
+        jax.eval_shape(other, k1)  # another call site: another warning
     lines = [w.lineno for w in caught if issubclass(w.category, FP8StateNotUpdatedWarning)]
     assert len(lines) == 2 and lines[0] != lines[1], lines
 
@@ -181,8 +190,9 @@ def _linen(rng):
 def test_linen_params_only_warns_and_params_with_fp8_metas_does_not(rng):
     loss, params, fp8 = _linen(rng)
     with pytest.warns(FP8StateNotUpdatedWarning, match=MATCH):
-        jax.grad(loss, argnums=0)(params, fp8)
-    (_, new_fp8), caught = _fp8_warnings(lambda: jax.grad(loss, argnums=(0, 1))(params, fp8))
+        jax.eval_shape(jax.grad(loss, argnums=0), params, fp8)  # traced only
+    step = jax.jit(jax.grad(loss, argnums=(0, 1)))  # one program, not op by op
+    (_, new_fp8), caught = _fp8_warnings(lambda: step(params, fp8))
     assert caught == []
     moved = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new_fp8, fp8)
     assert any(jax.tree.leaves(moved))
@@ -202,10 +212,13 @@ def _nnx_loss(x):
 def test_nnx_default_grad_warns_and_diffstate_with_fp8meta_does_not(rng):
     x = jnp.asarray(rng.uniform(-1, 1, (2, 16, H)), jnp.bfloat16)
     model = _nnx_model()
-    with pytest.warns(FP8StateNotUpdatedWarning, match=MATCH):
-        nnx.grad(_nnx_loss(x))(model)  # the default filter: nnx.Param only
+    graphdef, state = nnx.split(model)
+    with pytest.warns(FP8StateNotUpdatedWarning, match=MATCH):  # traced only
+        # the default filter: nnx.Param only
+        jax.eval_shape(lambda s: nnx.grad(_nnx_loss(x))(nnx.merge(graphdef, s)), state)
     wrt = nnx.DiffState(0, (nnx.Param, tnnx.FP8Meta))
-    grads, caught = _fp8_warnings(lambda: nnx.grad(_nnx_loss(x), argnums=wrt)(model))
+    step = nnx.jit(nnx.grad(_nnx_loss(x), argnums=wrt))  # one program, not op by op
+    grads, caught = _fp8_warnings(lambda: step(model))
     assert caught == []
     before = nnx.to_pure_dict(nnx.clone(nnx.state(model, tnnx.FP8Meta)))
     tnnx.update_fp8_state(model, grads)

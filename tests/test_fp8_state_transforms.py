@@ -6,10 +6,18 @@ the data gives: amaxes combine by max, never by sum. Each test compares a transf
 the plain one, bit for bit, on a loss that is not linear in the output (sum of squares, so the
 gradient of a micro-batch is that slice of the full batch's gradient), after a few steps so the
 histories are not empty, with margin > 0 and both amax algorithms.
+
+Cost: one compiled program per distinct step, shared wherever the tests can share it. The
+merge itself (where the amax algorithm and the history length enter) runs under both recipes;
+each transform runs under one, the two recipes taking turns so that both meet vmap (shared and
+stacked), share, scan and gradient accumulation (the transforms combine amaxes before the
+update, the same code for either algorithm). The Flax modules (Linen and NNX) use "max" (a
+history of 4, margin 1: a doubled or dropped history shift shows).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import flax.linen as nn
@@ -49,6 +57,7 @@ def _loss(x, w, qs):
 
 _plain_step = jax.jit(jax.grad(_loss, argnums=(1, 2)))
 _update = jax.jit(lambda q, a: q.update(a))  # eagerly, update would compile op by op
+_merge = jax.jit(lambda q, us: q.merge_updates(*us))  # one program per (quantizer, count)
 
 
 def _advanced(recipe, steps=3):
@@ -74,6 +83,11 @@ def state(request):
     return _advanced(RECIPES[request.param])
 
 
+# A transform's test under one recipe (the module docstring says which meets which).
+ON_MAX = pytest.mark.parametrize("state", ["max"], indirect=True)
+ON_L1 = pytest.mark.parametrize("state", ["most_recent_L1"], indirect=True)
+
+
 # ---- merge_updates: the max of the uses' amaxes -----------------------------------------------
 
 
@@ -85,7 +99,7 @@ def state(request):
 def test_merge_updates_is_update_with_the_largest_amax(state, amaxes):
     q = state.grad
     updates = [_update(q, jnp.float32(a)) for a in amaxes]
-    got = jax.jit(lambda q, us: q.merge_updates(*us))(q, updates)
+    got = _merge(q, updates)
     want = _update(q, jnp.float32(np.nan if np.isnan(amaxes).any() else max(amaxes)))
     assert np.asarray(got.scale).view(np.uint32) == np.asarray(want.scale).view(np.uint32)
     np.testing.assert_array_equal(np.asarray(got.amax_history), np.asarray(want.amax_history))
@@ -95,9 +109,8 @@ def test_merge_updates_ignores_absent_uses(state):
     """A zero state (a use's zero cotangent) contributes nothing; all absent gives zero."""
     q = state.x
     zero = jax.tree.map(jnp.zeros_like, q)
-    merge = jax.jit(lambda q, us: q.merge_updates(*us))
-    _assert_quantizer_equal(merge(q, [_update(q, 3.0), zero]), _update(q, 3.0))
-    _assert_quantizer_equal(merge(q, [zero, zero]), zero)
+    _assert_quantizer_equal(_merge(q, [_update(q, 3.0), zero]), _update(q, 3.0))
+    _assert_quantizer_equal(_merge(q, [zero, zero]), zero)
 
 
 def _assert_quantizer_equal(got, want):
@@ -126,6 +139,7 @@ def test_merge_updates_rejects_what_is_not_a_set():
 # ---- vmap -------------------------------------------------------------------------------------
 
 
+@ON_MAX
 def test_vmap_with_a_shared_set_equals_the_plain_step(state):
     """The set unbatched, the batch vmapped: one update with the batch's largest amaxes."""
     x, w = _inputs(0)
@@ -136,6 +150,7 @@ def test_vmap_with_a_shared_set_equals_the_plain_step(state):
     _assert_same_state(vmapped(w, state)[1], want)
 
 
+@ON_L1
 def test_nested_vmap_with_a_shared_set_equals_the_plain_step(state):
     x, w = _inputs(1)
     want = _plain_step(x, w, state)[1]
@@ -146,6 +161,7 @@ def test_nested_vmap_with_a_shared_set_equals_the_plain_step(state):
     _assert_same_state(got, want)
 
 
+@ON_MAX
 def test_vmap_over_a_stacked_set_updates_each_member(state):
     """A stack of sets (batched state), one per member: each member's plain step."""
     xs = jnp.stack([_inputs(i)[0] for i in range(3)])
@@ -161,10 +177,9 @@ def test_vmap_over_a_stacked_set_updates_each_member(state):
 # ---- one set, several calls in one step -------------------------------------------------------
 
 
-def _two_sets_then_merge(loss2, state, *args):
-    """The oracle: the two calls given separate copies of the set (no autodiff sum), their
-    next states merged with ``update(max amax)`` per quantizer."""
-    a, b = jax.jit(jax.grad(loss2, argnums=(0, 1)))(state, state, *args)
+def _two_sets_then_merge(state, a, b):
+    """The oracle: ``a`` and ``b`` the next states of two calls given separate copies of the
+    set (no autodiff sum), merged with ``update(max amax)`` per quantizer."""
     want = {}
     for r in ROLES:
         q = getattr(state, r)
@@ -179,16 +194,24 @@ def _twice(qa, qb, x, w):
     return jnp.sum(jnp.square(y.astype(jnp.float32)))
 
 
+@ON_L1
 def test_a_layer_applied_twice_with_share(state):
     x, w = _inputs(2)
-    want = _two_sets_then_merge(_twice, state, x, w)
-    got = jax.jit(jax.grad(lambda qs: _twice(*qs.share(), x, w)))(state)
+
+    @jax.jit  # one program: the oracle's two sets and share's handles
+    def grads(qs):
+        apart = jax.grad(_twice, argnums=(0, 1))(qs, qs, x, w)
+        return apart, jax.grad(lambda qs: _twice(*qs.share(), x, w))(qs)
+
+    (a, b), got = grads(state)
+    want = _two_sets_then_merge(state, a, b)
     _assert_same_state(got, want)
-    # Without share, autodiff adds the two next states: what share is for.
-    summed = jax.jit(jax.grad(lambda qs: _twice(qs, qs, x, w)))(state)
-    assert float(summed.x.scale) != float(want.x.scale)
+    # Without share, autodiff adds the two next states (the gradient of _twice(qs, qs) is the
+    # sum of the two uses' a + b): what share is for.
+    assert float(a.x.scale + b.x.scale) != float(want.x.scale)
 
 
+@ON_MAX
 def test_a_scan_over_steps_with_a_carried_handle(state):
     """lax.scan applying one layer to a sequence of inputs, the set shared by every step."""
     x, w = _inputs(3)
@@ -207,6 +230,7 @@ def test_a_scan_over_steps_with_a_carried_handle(state):
     _assert_same_state(got, _plain_step(x, w, state)[1])
 
 
+@ON_MAX
 def test_an_unused_handle_contributes_nothing(state):
     x, w = _inputs(4)
     got = jax.jit(jax.grad(lambda qs: _loss(x, w, qs.share(3)[1])))(state)
@@ -222,6 +246,7 @@ def test_share_is_reverse_mode_only(state):
 # ---- gradient accumulation and an activation quantized upstream --------------------------------
 
 
+@ON_L1
 def test_gradient_accumulation_with_merge_updates(state):
     """Micro-batches from the same state, their next states merged: the full batch's."""
     x, w = _inputs(5)
@@ -230,6 +255,7 @@ def test_gradient_accumulation_with_merge_updates(state):
     _assert_same_state(state.merge_updates(*news), want)
 
 
+@ON_L1
 def test_an_upstream_quantized_input_is_counted_once(state):
     """``activation(h, quantizer=qs.x)`` then ``dense`` with the same set: the x quantizer's
     next state comes from the activation's amax alone (dense's use of an already quantized x
@@ -254,9 +280,13 @@ def test_delayed_quantizer_merge_under_vmap_of_stacks():
     a = jnp.array([1.0, 6.0], jnp.float32)
     b = jnp.array([4.0, 2.0], jnp.float32)
     up = jax.vmap(lambda q, a: q.update(a))
-    got = jax.vmap(lambda q, u, v: q.merge_updates(u, v))(stack, up(stack, a), up(stack, b))
-    want = up(stack, jnp.maximum(a, b))
-    _assert_quantizer_equal(got, want)
+
+    @jax.jit  # one program, not one per eager op
+    def got_and_want(stack, a, b):
+        got = jax.vmap(lambda q, u, v: q.merge_updates(u, v))(stack, up(stack, a), up(stack, b))
+        return got, up(stack, jnp.maximum(a, b))
+
+    _assert_quantizer_equal(*got_and_want(stack, a, b))
 
 
 # ---- the Flax modules ------------------------------------------------------------------------
@@ -316,8 +346,9 @@ def test_linen_module_applied_twice_with_a_mutable_collection():
         return jnp.sum(jnp.square(y.astype(jnp.float32)))
 
     # A step first, so the state is not fresh.
-    fp8 = jax.jit(jax.grad(lambda f: loss(shared, params, f)))(fp8)
-    got = jax.jit(jax.grad(lambda f: loss(shared, params, f)))(fp8)["d"]
+    step = jax.jit(jax.grad(lambda f: loss(shared, params, f)))
+    fp8 = step(fp8)
+    got = step(fp8)["d"]
     two = {"d": params["d"], "e": params["d"]}
     a = jax.jit(jax.grad(lambda f: loss(apart, two, f)))({"d": fp8["d"], "e": fp8["d"]})
     _assert_same_vars(got, _merged(fp8["d"], a["d"], a["e"]))
@@ -379,9 +410,9 @@ def test_nnx_module_applied_twice():
     layer = tnnx.Linear(H, H, activation="gelu", recipe=RECIPES["max"], rngs=nnx.Rngs(0))
     diff = nnx.DiffState(0, tnnx.FP8Meta)
     sq = lambda y: jnp.sum(jnp.square(y.astype(jnp.float32)))
-    got = nnx.grad(lambda m: sq(m(m(x))), argnums=diff)(layer)
+    got = nnx.jit(nnx.grad(lambda m: sq(m(m(x))), argnums=diff))(layer)
     pair = _NNXPair(layer, nnx.clone(layer))
-    apart = nnx.grad(lambda p: sq(p.second(p.first(x))), argnums=diff)(pair)
+    apart = nnx.jit(nnx.grad(lambda p: sq(p.second(p.first(x))), argnums=diff))(pair)
 
     qs = QuantizerSet.create(RECIPES["max"])
     as_set = lambda q: qs.with_state({n: q[n][...] for n in qs.state()})
@@ -409,28 +440,37 @@ def test_nnx_scan_over_steps_carrying_the_module():
 
         return body((model, jnp.float32(0)), x)[1]
 
-    got = nnx.grad(scanned, argnums=diff)(layer)
-    want = nnx.grad(lambda m: sq(m(x)), argnums=diff)(layer)
+    got = nnx.jit(nnx.grad(scanned, argnums=diff))(layer)
+    want = nnx.jit(nnx.grad(lambda m: sq(m(x)), argnums=diff))(layer)
     qs = QuantizerSet.create(RECIPES["max"])
     as_set = lambda q: qs.with_state({n: q[n][...] for n in qs.state()})
     _assert_same_state(as_set(got["quantizers"]), as_set(want["quantizers"]))
 
 
-def test_linen_gradient_accumulation_with_merge_fp8_metas():
-    x = _module_input(12)
-    recipe = RECIPES["max"]
-    mlp = tef.LayerNormMLP(2 * H, activations="gelu", recipe=recipe)
+@functools.cache
+def _linen_mlp():
+    """The Linen gradient accumulation tests' LayerNormMLP: ``(mlp, x, variables, loss(params,
+    fp8, x), step)``, ``step`` the jitted one-batch step ``(params, fp8, x) -> next fp8``. Built
+    once: the init and the step are one program each for both tests."""
+    mlp = tef.LayerNormMLP(3 * H, activations="gelu", recipe=RECIPES["max"])
+    x = _module_input(14)
     v = jax.jit(mlp.init)(jax.random.PRNGKey(0), x)
 
-    def loss(fp8, x):
-        out, _ = mlp.apply({"params": v["params"], "fp8_metas": fp8}, x)
+    def loss(params, fp8, xb):
+        out, _ = mlp.apply({"params": params, "fp8_metas": fp8}, xb)
         return jnp.sum(jnp.square(out.astype(jnp.float32)))
 
-    step = jax.jit(jax.grad(loss))
-    fp8 = step(v["fp8_metas"], x * 0.5)  # a step first: the state is not fresh
-    want = step(fp8, x)
-    news = [step(fp8, x[i : i + 2]) for i in (0, 2)]
-    got = tef.merge_fp8_metas(recipe, fp8, *news)
+    return mlp, x, v, loss, jax.jit(jax.grad(loss, 1))
+
+
+def test_linen_gradient_accumulation_with_merge_fp8_metas():
+    _, x, v, _, step = _linen_mlp()
+    recipe = RECIPES["max"]
+    params = v["params"]
+    fp8 = step(params, v["fp8_metas"], x * 0.5)  # a step first: the state is not fresh
+    want = step(params, fp8, x)
+    news = [step(params, fp8, x[i : i + 2]) for i in (0, 2)]
+    got = jax.jit(functools.partial(tef.merge_fp8_metas, recipe))(fp8, *news)  # not op by op
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
@@ -445,7 +485,8 @@ def test_nnx_gradient_accumulation_with_merge_fp8_state():
     step = nnx.jit(nnx.grad(lambda m, x: sq(m(x)[0]), argnums=diff))
     want_model, acc_model = nnx.clone(model), nnx.clone(model)
     tnnx.update_fp8_state(want_model, step(want_model, x))
-    tnnx.merge_fp8_state(acc_model, *[step(acc_model, x[i : i + 2]) for i in (0, 2)])
+    # jitted: one program, not one per eager op of the merge
+    nnx.jit(tnnx.merge_fp8_state)(acc_model, *[step(acc_model, x[i : i + 2]) for i in (0, 2)])
     got = jax.tree.leaves(nnx.state(acc_model, tnnx.FP8Meta))
     want = jax.tree.leaves(nnx.state(want_model, tnnx.FP8Meta))
     assert len(got) == len(want) == 12
@@ -476,14 +517,8 @@ def test_gradient_accumulation_quantizes_each_weight_once_per_step():
     if not te_jax.ffi_available(jax.default_backend()):
         pytest.skip("counts te_jax's quantize kernels: needs the FFI extension")
     recipe = RECIPES["max"]
-    mlp = tef.LayerNormMLP(3 * H, activations="gelu", recipe=recipe)
-    x = _module_input(14)
-    v = jax.jit(mlp.init)(jax.random.PRNGKey(0), x)
+    _, x, v, loss, step = _linen_mlp()
     n = 2
-
-    def loss(params, fp8, xb):
-        out, _ = mlp.apply({"params": params, "fp8_metas": fp8}, xb)
-        return jnp.sum(jnp.square(out.astype(jnp.float32)))
 
     @jax.jit
     def accumulate(params, fp8, x):
@@ -498,12 +533,13 @@ def test_gradient_accumulation_quantizes_each_weight_once_per_step():
         )
         return grads, merged
 
-    _, want = jax.jit(jax.grad(loss, (0, 1)))(v["params"], v["fp8_metas"], x)
-    _, got = accumulate(v["params"], v["fp8_metas"], x)
+    want = step(v["params"], v["fp8_metas"], x)
+    compiled = accumulate.lower(v["params"], v["fp8_metas"], x).compile()  # compiled once
+    _, got = compiled(v["params"], v["fp8_metas"], x)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
-    text = accumulate.lower(v["params"], v["fp8_metas"], x).compile().as_text()
+    text = compiled.as_text()
     bodies = set(re.findall(r"body=(%[\w.\-]+)", text))
     assert bodies, "the scan is no loop: nothing to hoist out of"
     in_loop, hoisted = [], []

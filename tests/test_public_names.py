@@ -107,14 +107,17 @@ def test_layernorm_mlp_against_float64(act, norm, drop, rng):
     )(ops)
     if norm is None:
         np.testing.assert_array_equal(np.asarray(ln_out), np.asarray(ops["x"]))
-    with enable_x64():
+    with enable_x64():  # one float64 program, not one per eager op
         ops64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), ops)
         m64 = None if mask is None else jnp.asarray(mask, jnp.float64)
-        block64 = lambda o: _reference_block(o, act, norm, m64)  # noqa: E731
-        loss64, grads64 = jax.value_and_grad(lambda o: _loss(block64(o)))(ops64)
-        want_out = np.asarray(block64(ops64))
-        want_ln = np.asarray(_reference_norm(ops64, norm))
-        grads64 = jax.tree.map(np.asarray, grads64)
+
+        @jax.jit
+        def reference(o, m64):
+            block64 = lambda o: _reference_block(o, act, norm, m64)  # noqa: E731
+            loss64, grads64 = jax.value_and_grad(lambda o: _loss(block64(o)))(o)
+            return loss64, grads64, block64(o), _reference_norm(o, norm)
+
+        loss64, grads64, want_out, want_ln = jax.tree.map(np.asarray, reference(ops64, m64))
 
     def rel(a, b):
         return np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
@@ -220,12 +223,18 @@ def test_quantizer_state_holds_delayed_state_and_takes_its_gradient(rng):
         return _loss(nnx.merge(graphdef, params, fp8)(x).astype(jnp.float32))
 
     new = jax.jit(jax.grad(loss))(fp8)
-    y, vjp = jax.vjp(lambda qs: te_jax.dense(x, kernel, quantizer_set=qs), qs)
-    (want,) = vjp(jax.grad(lambda y: _loss(y.astype(jnp.float32)))(y).astype(y.dtype))
     amax = lambda a: jnp.max(jnp.abs(jnp.asarray(a, jnp.float32)))  # noqa: E731
-    updated = QuantizerSet(
-        x=qs.x.update(amax(x)), kernel=qs.kernel.update(amax(kernel)), grad=want.grad
-    )
+
+    @jax.jit  # the oracle: one program, not one per eager op
+    def oracle(qs):
+        y, vjp = jax.vjp(lambda qs: te_jax.dense(x, kernel, quantizer_set=qs), qs)
+        (want,) = vjp(jax.grad(lambda y: _loss(y.astype(jnp.float32)))(y).astype(y.dtype))
+        updated = QuantizerSet(
+            x=qs.x.update(amax(x)), kernel=qs.kernel.update(amax(kernel)), grad=want.grad
+        )
+        return want, updated
+
+    want, updated = oracle(qs)
     for name, v in updated.state().items():
         np.testing.assert_array_equal(np.asarray(want.state()[name]), np.asarray(v), name)
     assert float(want.grad.amax_history[-1]) > 0  # the backward's amax recorded

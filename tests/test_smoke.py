@@ -78,11 +78,19 @@ def test_clamped_swiglu_params(rng):
         clamped_swiglu=te_jax.ClampedSwiGLUParams(limit=0.75, alpha=1.5, glu_linear_offset=0.5)
     )
     x = jnp.asarray(make_x(rng, (8, 2, 16), jnp.float32, act, params))
-    y = te_jax.act_lu(x, "clamped_swiglu", act_params=params)
-    want = te_jax.activation_reference.act_lu(x, "clamped_swiglu", act_params=params)
+
+    @jax.jit  # one program, not one per eager op
+    def run(x):
+        return (
+            te_jax.act_lu(x, "clamped_swiglu", act_params=params),
+            te_jax.activation_reference.act_lu(x, "clamped_swiglu", act_params=params),
+            te_jax.act_lu(x, "clamped_swiglu"),
+        )
+
+    y, want, default = run(x)
     t = tol(jnp.float32, act)
     np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=t, atol=t)
-    assert not np.allclose(np.asarray(y), np.asarray(te_jax.act_lu(x, "clamped_swiglu")))
+    assert not np.allclose(np.asarray(y), np.asarray(default))
 
 
 # ---- dense, fused_mlp, recipes and the quantizer set ------------------------------------------
@@ -101,15 +109,21 @@ def test_gemm_dense_and_fused_mlp(rng):
     """gemm is GEMM + bias + its epilogue; dense is GEMM + bias + any activation; fused_mlp is
     two of them."""
     x, w1, w2, b1, b2 = _dense_inputs(rng)
-    with jax.default_matmul_precision("highest"):
-        h_want = jax.nn.gelu(x @ w1 + b1, approximate=True)
-        y_want = h_want @ w2 + b2
-    h = te_jax.dense(x, w1, b1, activation_type="gelu")
+
+    @jax.jit  # one program, not one per eager op
+    def run(x, w1, w2, b1, b2):
+        h_want = jax.nn.gelu(jnp.dot(x, w1, precision="highest") + b1, approximate=True)
+        y_want = jnp.dot(h_want, w2, precision="highest") + b2
+        h = te_jax.dense(x, w1, b1, activation_type="gelu")
+        g = te_jax.gemm(x, w1, b1, epilogue="gelu")
+        y = te_jax.fused_mlp(x, w1, w2, b1, b2, activation_type="gelu")
+        return h_want, y_want, h, g, y, te_jax.dense(h, w2, b2)
+
+    h_want, y_want, h, g, y, y_of_h = run(x, w1, w2, b1, b2)
     _close(h, h_want, 1e-5)
-    _close(te_jax.gemm(x, w1, b1, epilogue="gelu"), h_want, 1e-5)
-    y = te_jax.fused_mlp(x, w1, w2, b1, b2, activation_type="gelu")
+    _close(g, h_want, 1e-5)
     _close(y, y_want, 1e-5)
-    _close(y, te_jax.dense(h, w2, b2), 1e-5)
+    _close(y, y_of_h, 1e-5)
 
 
 @pytest.mark.parametrize("recipe", ["DelayedScaling", "CurrentScaling", "MXFP8BlockScaling"])
@@ -124,7 +138,7 @@ def test_fp8_dense_with_a_quantizer_set(recipe, rng):
         return jnp.sum(te_jax.dense(x, w, activation_type="gelu", quantizer_set=qs) ** 2)
 
     got = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(x, w1, qs)
-    want = jax.value_and_grad(lambda x, w: loss(x, w, None), (0, 1))(x, w1)
+    want = jax.jit(jax.value_and_grad(lambda x, w: loss(x, w, None), (0, 1)))(x, w1)
     for g, w in zip((got[0], *got[1][:2]), (want[0], *want[1]), strict=True):
         _close(g, w, 0.1)
     state = got[1][2].state()
@@ -149,21 +163,23 @@ def test_quantize_and_a_fused_quantized_activation(quantizer, rng):
 
     @jax.jit
     def run(x):
+        ffi = te_jax.quantize.quantize(x, quantizer, implementation="ffi")
         return (
-            te_jax.quantize.quantize(x, quantizer, implementation="ffi"),
+            ffi,
             te_jax.quantize.quantize(x, quantizer, implementation="xla"),
             te_jax.act_lu(x, "gelu", quantizer=quantizer),
             te_jax.quantize.quantize(te_jax.act_lu(x, "gelu"), quantizer),
+            ffi.dequantize(),  # in the program, not op by op
         )
 
-    ffi, xla, fused, composite = run(x)
+    ffi, xla, fused, composite, dequantized = run(x)
     for a, b in ((ffi, xla), (fused, composite)):
         for f in ("data", "scale_inv", "colwise_data", "colwise_scale_inv"):
             u, v = getattr(a, f), getattr(b, f)
             assert (u is None) == (v is None), f
             if u is not None:
                 np.testing.assert_array_equal(np.asarray(u, np.float32), np.asarray(v, np.float32))
-    _close(ffi.dequantize(), x, 0.1)
+    _close(dequantized, x, 0.1)
 
 
 # ---- the Flax modules ----------------------------------------------------------------------
@@ -200,7 +216,8 @@ def test_nnx_layernorm_mlp(rng):
     plain = tnnx.LayerNormMLP(
         16, 32, activations="gelu", use_bias=False, enable_layernorm=False, rngs=nnx.Rngs(0)
     )
-    _close(plain(x)[0], _mlp_reference(x, plain.wi_kernel[...], plain.wo_kernel[...]), 1e-5)
+    forward = nnx.jit(lambda m: m(x)[0])  # one program, not one per eager op
+    _close(forward(plain), _mlp_reference(x, plain.wi_kernel[...], plain.wo_kernel[...]), 1e-5)
 
     model = tnnx.LayerNormMLP(
         16,
@@ -215,6 +232,19 @@ def test_nnx_layernorm_mlp(rng):
     tnnx.update_fp8_state(model, grads)
     amax = model.wi_quantizers.x_amax_history[...]
     assert float(jnp.max(amax)) == float(jnp.max(jnp.abs(x)))
+
+
+def test_autocast():
+    """te_jax.autocast: a Linen module given no recipe takes the context's (DelayedScaling()
+    by default: it gets an FP8 state), enabled=False turns it off inside (traced only)."""
+    x = jnp.ones((2, 16), jnp.float32)
+    init = lambda: jax.eval_shape(tef.DenseGeneral(16).init, jax.random.key(0), x)  # noqa: E731
+    with te_jax.autocast():
+        on = init()
+        with te_jax.autocast(enabled=False):
+            off = init()
+    assert tef.FP8_COLLECTION in on and tef.FP8_COLLECTION not in off
+    assert tef.FP8_COLLECTION not in init()
 
 
 # ---- the sharding helpers ------------------------------------------------------------------
