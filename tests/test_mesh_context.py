@@ -9,6 +9,7 @@ import warnings
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def _constraints(fn, *args, context):
         for eqn in jx.eqns:
             if eqn.primitive.name == "sharding_constraint":
                 specs.append(eqn.params["sharding"].spec)
-            for sub in jax.core.jaxprs_in_params(eqn.params):
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                 walk(sub)
 
     walk(jaxpr.jaxpr)
