@@ -62,9 +62,8 @@ def oracle_all(x, dz, act: Act, params):
     return oracle.act_lu(x64, act.enum, params), oracle.dact_lu(dz64, x64, act.enum, params)
 
 
-@functools.partial(jax.jit, static_argnames=("act", "act_params", "impl"))
-def all_ops(x, dz, act, act_params, impl):
-    """Every public op at once: one compilation per (case, dtype, shape, implementation)."""
+def _ops(x, dz, act, act_params, impl):
+    """Every public op on one input (traced inside a jitted program)."""
     kw = dict(activation_type=act, act_params=act_params, implementation=impl)
     y = te_jax.act_lu(x, **kw)
     dx = te_jax.dact_lu(dz, x, **kw)
@@ -72,6 +71,46 @@ def all_ops(x, dz, act, act_params, impl):
     dx_nodb, no_dbias = te_jax.quantize_dact_dbias(dz, x, is_dbias=False, **kw)
     assert no_dbias is None, "is_dbias=False must return dbias None"
     return y, dx, dx_db, dbias, dx_nodb
+
+
+@functools.partial(jax.jit, static_argnames=("specs", "impls"))
+def many_ops(xs, dzs, specs, impls=tuple(IMPLS)):
+    """``_ops`` for each input ``(xs[i], dzs[i])`` with ``specs[i] = (act names, params)``, on each
+    implementation: ``out[impl][i]``. One compilation for many cases (a program per case would
+    cost more to compile than to run)."""
+    return {
+        impl: tuple(
+            _ops(x, dz, act, params, impl)
+            for x, dz, (act, params) in zip(xs, dzs, specs, strict=True)
+        )
+        for impl in impls
+    }
+
+
+def run_cases(inputs, impls=tuple(IMPLS)):
+    """``inputs``: ``[(case, x, dz)]`` (NumPy); the outputs ``out[impl][i]`` of one program."""
+    specs = tuple((case[0].names, case[1]) for case, _, _ in inputs)
+    xs = [jnp.asarray(x) for _, x, _ in inputs]
+    dzs = [jnp.asarray(dz) for _, _, dz in inputs]
+    return many_ops(xs, dzs, specs, impls)
+
+
+class Failures:
+    """Collects the assertion errors of many cases checked in one test, each under a label that
+    names the activation (and dtype, shape, implementation), and fails once with all of them."""
+
+    def __init__(self):
+        self.errors = []
+
+    def check(self, label, fn, *args, **kwargs):
+        try:
+            fn(*args, **kwargs)
+        except AssertionError as e:
+            self.errors.append(f"[{label}] {e}")
+
+    def raise_any(self):
+        if self.errors:
+            raise AssertionError(f"{len(self.errors)} failed:\n" + "\n".join(self.errors))
 
 
 def check_all_ops(outs, x, dz, act: Act, params, dtype, label=""):
@@ -84,41 +123,9 @@ def check_all_ops(outs, x, dz, act: Act, params, dtype, label=""):
     assert_dbias_matches(dbias, dx64, act.gated, dtype, act, what=f"{label} dbias")
 
 
-def _matrix():
-    for case in CASES:
-        for dtype, did in zip(DTYPES, DTYPE_IDS, strict=True):
-            for shape in shapes_for(case[0]):
-                id_ = f"{case_id(case)}-{did}-{shape_id(shape)}"
-                yield pytest.param(case, dtype, shape, id=id_)
-
-
-MATRIX = list(_matrix())
-
-
-def _inputs(rng, case, dtype, shape):
-    act, params = case
-    x = make_x(rng, shape, dtype, act, params)
-    dz = make_dz(rng, dz_shape(shape, act), dtype)
-    return x, dz
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case, dtype, shape", MATRIX)
-def test_ops_match_float64_oracle(case, dtype, shape, impl, rng):
-    act, params = case
-    x, dz = _inputs(rng, case, dtype, shape)
-    outs = all_ops(jnp.asarray(x), jnp.asarray(dz), act.names, params, impl)
-    check_all_ops(outs, x, dz, act, params, dtype, label=impl)
-
-
-@pytest.mark.parametrize("case, dtype, shape", MATRIX)
-def test_ffi_matches_xla(case, dtype, shape, rng):
+def check_ffi_matches_xla(ffi, xla, x, dz, act: Act, params, dtype):
     """The two paths agree within twice the docs/numerics.md §7 tolerance (each is within it of
     float64)."""
-    act, params = case
-    x, dz = _inputs(rng, case, dtype, shape)
-    ffi = all_ops(jnp.asarray(x), jnp.asarray(dz), act.names, params, "ffi")
-    xla = all_ops(jnp.asarray(x), jnp.asarray(dz), act.names, params, "xla")
     t = 2 * tol(dtype, act)
     names = ("act_lu", "dact_lu", "quantize_dact_dbias dx", "dbias", "dx(is_dbias=False)")
     for name, a, b in zip(names, ffi, xla, strict=True):
@@ -133,6 +140,60 @@ def test_ffi_matches_xla(case, dtype, shape, rng):
             )
 
 
+def _inputs(rng, case, dtype, shape):
+    act, params = case
+    x = make_x(rng, shape, dtype, act, params)
+    dz = make_dz(rng, dz_shape(shape, act), dtype)
+    return x, dz
+
+
+def _shapes_of(case, dtype_index):
+    """Two of the case's six shapes for each dtype, rotated by the case's index among those of
+    its gating: over the three dtypes every case meets all six shapes, and every (dtype, shape)
+    pair meets several activations (each of the 6 non-gated and 9 gated cases shifts by one)."""
+    act = case[0]
+    shapes = shapes_for(act)
+    k = [c for c in CASES if c[0].gated == act.gated].index(case)
+    return [shapes[(2 * dtype_index + j + k) % len(shapes)] for j in range(2)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_ops_match_float64_oracle(case, rng):
+    """Every op on both implementations against the float64 oracle, and the FFI path against
+    the pure-JAX path, for each dtype, in one program per case.
+
+    Coverage: every (case, dtype, implementation) combination; the shapes (odd widths,
+    size-1 and empty axes, no leading axis) pairwise with the others: every (case, shape),
+    (dtype, shape) and (implementation, shape) pair meets (see ``_shapes_of``). The activation's
+    formula does not depend on the shape, nor the kernel's row/tail loops on the activation."""
+    act, params = case
+    inputs = []
+    for i, dtype in enumerate(DTYPES):
+        for shape in _shapes_of(case, i):
+            x, dz = _inputs(rng, case, dtype, shape)
+            inputs.append((dtype, shape, x, dz))
+    outs = run_cases([(case, x, dz) for _, _, x, dz in inputs])
+    failures = Failures()
+    for i, (dtype, shape, x, dz) in enumerate(inputs):
+        label = f"{case_id(case)}-{np_dtype(dtype).name}-{shape_id(shape)}"
+        for impl in IMPLS:
+            failures.check(
+                f"{label}-{impl}", check_all_ops, outs[impl][i], x, dz, act, params, dtype, impl
+            )
+        failures.check(
+            f"{label} ffi vs xla",
+            check_ffi_matches_xla,
+            outs["ffi"][i],
+            outs["xla"][i],
+            x,
+            dz,
+            act,
+            params,
+            dtype,
+        )
+    failures.raise_any()
+
+
 LARGE = [
     ("gelu", jnp.float32, (256, 1000)),
     ("swiglu", jnp.bfloat16, (64, 2, 4096)),
@@ -144,15 +205,19 @@ LARGE = [
 ]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "alias, dtype, shape", LARGE, ids=[f"{a}-{np_dtype(d).name}-{shape_id(s)}" for a, d, s in LARGE]
 )
-def test_larger_shapes(alias, dtype, shape, impl, rng):
+def test_larger_shapes(alias, dtype, shape, rng):
+    """Both implementations (one program) on shapes past the kernels' vector and thread
+    splits."""
     act = ACT_BY_ALIAS[alias]
     x, dz = _inputs(rng, (act, None), dtype, shape)
-    outs = all_ops(jnp.asarray(x), jnp.asarray(dz), act.names, None, impl)
-    check_all_ops(outs, x, dz, act, None, dtype, label=impl)
+    outs = run_cases([((act, None), x, dz)])
+    failures = Failures()
+    for impl in IMPLS:
+        failures.check(impl, check_all_ops, outs[impl][0], x, dz, act, None, dtype, impl)
+    failures.raise_any()
 
 
 @pytest.mark.parametrize(
@@ -176,29 +241,27 @@ def test_dbias_is_deterministic(alias, dtype, shape, rng):
             )
 
 
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES[1:], ids=DTYPE_IDS[1:])
 @pytest.mark.parametrize("alias", ["gelu", "swiglu"])
-def test_dbias_accumulates_in_float32(alias, dtype, impl, rng):
+def test_dbias_accumulates_in_float32(alias, dtype, rng):
     """Thousands of same-sign terms: a sum kept in bf16/f16 stalls once its ulp exceeds a
-    term (at 256 / 2048), a float32 sum does not (docs/numerics.md §2)."""
+    term (at 256 / 2048), a float32 sum does not (docs/numerics.md §2). Both implementations."""
     act = ACT_BY_ALIAS[alias]
     shape = (8192, 2, 24) if act.gated else (8192, 24)
     x = rng.uniform(0.5, 1.5, shape).astype(np_dtype(dtype))  # f' > 0, f > 0
     dz = np.ones(dz_shape(shape, act), np_dtype(dtype))
-    _, dbias = te_jax.quantize_dact_dbias(
-        jnp.asarray(dz), jnp.asarray(x), activation_type=alias, implementation=impl
+    f = jax.jit(
+        lambda dz, x: [
+            te_jax.quantize_dact_dbias(dz, x, activation_type=alias, implementation=impl)[1]
+            for impl in IMPLS
+        ]
     )
     dx64 = oracle.dact_lu(dz, x, act.enum)
-    assert_dbias_matches(dbias, dx64, act.gated, dtype, act)
+    for impl, dbias in zip(IMPLS, f(jnp.asarray(dz), jnp.asarray(x)), strict=True):
+        assert_dbias_matches(dbias, dx64, act.gated, dtype, act, what=f"{impl} dbias")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_large_magnitude_inputs(case, dtype, impl):
-    """Far out on both sides (sigmoid/tanh/erf saturated): finite results that match float64."""
-    act, params = case
+def _large_inputs(act: Act, dtype):
     big = 100.0 if jnp.dtype(dtype) == jnp.float16 else 1000.0  # x² must fit float16
     mags = np.array([6.0, 9.5, 20.0, 60.0, big])
     vals = np.concatenate([mags, -mags, [0.25, -0.25]])
@@ -211,10 +274,28 @@ def test_large_magnitude_inputs(case, dtype, impl):
     x = x.astype(np_dtype(dtype))
     dz = np.linspace(-1.0, 1.0, int(np.prod(dz_shape(x.shape, act))))
     dz = dz.reshape(dz_shape(x.shape, act)).astype(x.dtype)
-    outs = all_ops(jnp.asarray(x), jnp.asarray(dz), act.names, params, impl)
+    return x, dz
+
+
+def _check_finite(outs):
     for out in outs:
         assert np.isfinite(np.asarray(out, np.float64)).all(), "inf or NaN for large inputs"
-    check_all_ops(outs, x, dz, act, params, dtype, label=impl)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_large_magnitude_inputs(dtype):
+    """Far out on both sides (sigmoid/tanh/erf saturated): finite results that match float64.
+    Every case on both implementations, in one program per dtype."""
+    inputs = [(case, *_large_inputs(case[0], dtype)) for case in CASES]
+    outs = run_cases(inputs)
+    failures = Failures()
+    for i, (case, x, dz) in enumerate(inputs):
+        act, params = case
+        for impl in IMPLS:
+            label = f"{case_id(case)}-{impl}"
+            failures.check(label, _check_finite, outs[impl][i])
+            failures.check(label, check_all_ops, outs[impl][i], x, dz, act, params, dtype, impl)
+    failures.raise_any()
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -373,37 +454,51 @@ def test_vmap_of_grad(act, axis, rng):
 # --- grad -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES[:2], ids=DTYPE_IDS[:2])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_grad_matches_reference_grad(case, dtype, rng):
+def test_grad_matches_reference_grad(case, rng):
     """jax.grad through te_jax.activation equals jax.grad through
     te_jax.activation_reference.activation and the float64 derivative (inputs kept off the
-    kinks, where jax.grad of min/clip halves)."""
+    kinks, where jax.grad of min/clip halves), in float32 and bfloat16 (one program)."""
     act, params = case
     shape = (3, 2, 11) if act.gated else (3, 11)
-    x = make_x(rng, shape, dtype, act, params, kink_margin=0.02)
-    w = make_dz(rng, dz_shape(shape, act), dtype)  # representable in dtype: the cotangent is exact
+    dtypes = DTYPES[:2]
+    xs = [make_x(rng, shape, dt, act, params, kink_margin=0.02) for dt in dtypes]
+    # representable in dtype: the cotangent is exact
+    ws = [make_dz(rng, dz_shape(shape, act), dt) for dt in dtypes]
 
-    def loss(fn, x):
+    def loss(fn, x, w):
         y = fn(x, activation_type=act.names, act_params=params)
-        return jnp.sum(y.astype(jnp.float32) * jnp.asarray(w, jnp.float32))
+        return jnp.sum(y.astype(jnp.float32) * w.astype(jnp.float32))
 
-    g_te = jax.jit(jax.grad(functools.partial(loss, te_jax.activation)))(jnp.asarray(x))
-    g_ref = jax.grad(functools.partial(loss, te_jax.activation_reference.activation))(
-        jnp.asarray(x)
-    )
-    assert g_te.dtype == jnp.dtype(dtype) and g_ref.dtype == jnp.dtype(dtype)
-    assert_matches(g_te, oracle.dact_lu(w, x, act.enum, params), dtype, act, what="te_jax grad")
-    t = 2 * tol(dtype, act)
-    np.testing.assert_allclose(
-        np.asarray(g_te, np.float64), np.asarray(g_ref, np.float64), rtol=t, atol=t
-    )
+    @jax.jit
+    def grads(xs, ws):
+        return [
+            [jax.grad(functools.partial(loss, fn))(x, w) for x, w in zip(xs, ws, strict=True)]
+            for fn in (te_jax.activation, te_jax.activation_reference.activation)
+        ]
+
+    g_tes, g_refs = grads([jnp.asarray(x) for x in xs], [jnp.asarray(w) for w in ws])
+    failures = Failures()
+    for dtype, x, w, g_te, g_ref in zip(dtypes, xs, ws, g_tes, g_refs, strict=True):
+
+        def check(dtype=dtype, x=x, w=w, g_te=g_te, g_ref=g_ref):
+            assert g_te.dtype == jnp.dtype(dtype) and g_ref.dtype == jnp.dtype(dtype)
+            want = oracle.dact_lu(w, x, act.enum, params)
+            assert_matches(g_te, want, dtype, act, what="te_jax grad")
+            t = 2 * tol(dtype, act)
+            np.testing.assert_allclose(
+                np.asarray(g_te, np.float64), np.asarray(g_ref, np.float64), rtol=t, atol=t
+            )
+
+        failures.check(f"{case_id(case)}-{np_dtype(dtype).name}", check)
+    failures.raise_any()
 
 
 @pytest.mark.parametrize("impl", [None, "xla"], ids=["default", "xla"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_check_grads(case, impl, rng):
-    """Reverse-mode gradients of te_jax.activation against finite differences, float32."""
+    """Reverse-mode gradients of te_jax.activation against finite differences, float32 (the
+    function jitted: check_grads evaluates it many times)."""
     act, params = case
     shape = (3, 2, 5) if act.gated else (3, 5)
     x = make_x(rng, shape, jnp.float32, act, params, edges=False, kink_margin=0.05)
@@ -412,7 +507,9 @@ def test_check_grads(case, impl, rng):
     f = functools.partial(
         te_jax.activation, activation_type=act.names, act_params=params, implementation=impl
     )
-    check_grads(f, (jnp.asarray(x),), order=1, modes=["rev"], atol=1e-2, rtol=1e-2, eps=1e-3)
+    check_grads(
+        jax.jit(f), (jnp.asarray(x),), order=1, modes=["rev"], atol=1e-2, rtol=1e-2, eps=1e-3
+    )
 
 
 @pytest.mark.parametrize("act", SOME_ACTS, ids=str)
@@ -459,6 +556,18 @@ def _op_fn(op, act, params, impl):
     raise ValueError(op)
 
 
+def _all_op_fns(act, params, impl):
+    """Every op of OPS in one function (one compiled program): ``{op: output}``."""
+    fns = {op: _op_fn(op, act, params, impl) for op in OPS}
+    return lambda dz, x: {op: fn(dz, x) for op, fn in fns.items()}
+
+
+def _lowered_calls(fn, args) -> list[str]:
+    """te_jax custom calls in the HLO ``fn`` lowers to (no compilation: the implementation is
+    chosen when tracing, and XLA removes no custom call whose result is returned)."""
+    return te_jax_custom_calls(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
+
+
 def _check_op_values(op, out, x, dz, act, params):
     y64, dx64 = oracle_all(x, dz, act, params)
     if op in ("act_lu", "activation"):
@@ -470,50 +579,62 @@ def _check_op_values(op, out, x, dz, act, params):
         assert_matches(out, dx64, jnp.float32, act, what=op)
 
 
+def _check_all_op_values(outs, x, dz, act, params, label):
+    failures = Failures()
+    for op in OPS:
+        failures.check(f"{label} {op}", _check_op_values, op, outs[op], x, dz, act, params)
+    failures.raise_any()
+
+
 @pytest.mark.parametrize("impl", [None, "ffi", "xla"], ids=["None", "ffi", "xla"])
-@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("act", [ACT_BY_ALIAS["silu"], CLAMPED], ids=str)
-def test_implementation_switch(act, op, impl, rng, monkeypatch):
-    """'ffi' lowers to a te_jax custom call, 'xla' to none, None to the kernel where te_jax has
-    one for the backend; all three give the oracle's values."""
+def test_implementation_switch(act, impl, rng, monkeypatch):
+    """For each op of OPS: 'ffi' lowers to a te_jax custom call, 'xla' to none, None to the
+    kernel where te_jax has one for the backend (checked on each op's lowered HLO, and on the
+    compiled program of all of them); all three give the oracle's values."""
     monkeypatch.delenv("TE_JAX_IMPLEMENTATION", raising=False)
     params = params_of(act)
     shape = (6, 2, 10) if act.gated else (6, 10)
     x = make_x(rng, shape, jnp.float32, act, params, kink_margin=0.02)
     dz = make_dz(rng, dz_shape(shape, act), jnp.float32)
     args = (jnp.asarray(dz), jnp.asarray(x))
-    f = jax.jit(_op_fn(op, act, params, impl)).lower(*args).compile()  # checked, then run
-    calls = te_jax_custom_calls(f.as_text())
     uses_ffi = {"ffi": True, "xla": False, None: te_jax.ffi_available()}[impl]
-    if uses_ffi:
-        assert calls, f"implementation={impl!r} did not lower to a te_jax kernel"
-    else:
-        assert not calls, f"implementation={impl!r} lowered to te_jax kernels {calls}"
-    _check_op_values(op, f(*args), x, dz, act, params)
+    for op in OPS:
+        calls = _lowered_calls(_op_fn(op, act, params, impl), args)
+        if uses_ffi:
+            assert calls, f"{op}: implementation={impl!r} did not lower to a te_jax kernel"
+        else:
+            assert not calls, f"{op}: implementation={impl!r} lowered to te_jax kernels {calls}"
+    f = jax.jit(_all_op_fns(act, params, impl)).lower(*args).compile()  # checked, then run
+    assert bool(te_jax_custom_calls(f.as_text())) == uses_ffi
+    _check_all_op_values(f(*args), x, dz, act, params, f"{act} implementation={impl!r}")
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_env_var_forces_xla(op, rng, monkeypatch):
+def test_env_var_forces_xla(rng, monkeypatch):
     """TE_JAX_IMPLEMENTATION=xla, read at call (trace) time, sends implementation=None to the
-    pure-JAX path; unset, None is the kernel again."""
+    pure-JAX path, for each op of OPS, jitted and eager; unset, None is the kernel again."""
     act = ACT_BY_ALIAS["geglu"]
     x = make_x(rng, (5, 2, 12), jnp.float32, act)
     dz = make_dz(rng, (5, 12), jnp.float32)
     args = (jnp.asarray(dz), jnp.asarray(x))
 
     monkeypatch.setenv("TE_JAX_IMPLEMENTATION", "xla")
-    # A fresh function, traced now under the env var; the compiled program checked, then run.
-    f = jax.jit(_op_fn(op, act, None, None)).lower(*args).compile()
+    for op in OPS:  # a fresh function for each op, traced now under the env var
+        assert not _lowered_calls(_op_fn(op, act, None, None), args), op
+    # Every op in one fresh program: the compiled program checked, then run.
+    f = jax.jit(_all_op_fns(act, None, None)).lower(*args).compile()
     assert not te_jax_custom_calls(f.as_text())
-    _check_op_values(op, f(*args), x, dz, act, None)
-    eager = _op_fn(op, act, None, None)(*args)
-    _check_op_values(op, eager, x, dz, act, None)
+    _check_all_op_values(f(*args), x, dz, act, None, "env xla, jit")
+    eager = {op: _op_fn(op, act, None, None)(*args) for op in OPS}
+    _check_all_op_values(eager, x, dz, act, None, "env xla, eager")
 
     monkeypatch.delenv("TE_JAX_IMPLEMENTATION")
-    f = jax.jit(_op_fn(op, act, None, None)).lower(*args).compile()
-    calls = te_jax_custom_calls(f.as_text())
-    assert bool(calls) == te_jax.ffi_available()
-    _check_op_values(op, f(*args), x, dz, act, None)
+    for op in OPS:
+        calls = _lowered_calls(_op_fn(op, act, None, None), args)
+        assert bool(calls) == te_jax.ffi_available(), (op, calls)
+    f = jax.jit(_all_op_fns(act, None, None)).lower(*args).compile()
+    assert bool(te_jax_custom_calls(f.as_text())) == te_jax.ffi_available()
+    _check_all_op_values(f(*args), x, dz, act, None, "env unset")
 
 
 def test_ffi_available():

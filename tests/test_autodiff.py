@@ -1,5 +1,5 @@
 """Differentiation of every public op on every path: ``check_grads`` (orders 1 and 2, forward and
-reverse mode) against finite differences, the kernel path against the pure-JAX path, the
+reverse mode, see ORDERS) against finite differences, the kernel path against the pure-JAX path, the
 transformations around ``grad``, what reverse mode lowers to, and quantized outputs (which raise).
 
 Finite differences in float32: ``check_grads`` takes central differences with ``eps = 1e-3``
@@ -39,8 +39,9 @@ IMPLS = ["ffi", "xla"]
 FD = dict(eps=1e-3, atol=2e-2, rtol=2e-2)  # see the module docstring
 
 
-def _inputs(rng, act: Act, params, lead=(3,)):
-    """x (float32, off the kinks, moderate for the squares) and dz of y's shape."""
+def _inputs(rng, act: Act, params, lead=(2, 3)):
+    """x (float32, off the kinks, moderate for the squares) and dz of y's shape; two row axes
+    (dbias sums over both). One shape for every test: the eager ops compiled once serve all."""
     shape = (*lead, 2, 8) if act.gated else (*lead, 8)
     x = make_x(rng, shape, jnp.float32, act, params, edges=False, kink_margin=0.05)
     if act.name in ("SRELU", "SREGLU"):
@@ -67,23 +68,35 @@ def _args(op, x, dz):
 # --- finite differences ---------------------------------------------------------------------------
 
 
+# The highest order checked, per (op, implementation). The kernel path: act_lu and dact_lu to
+# order 2 (the tangent primitive, its JVP and transpose, the dact kernel as that transpose, and
+# dact_dbias's JVP rule, which is jax.jvp of the pure-JAX reference), quantize_dact_dbias to 1
+# (dact_lu's primitive with is_dbias=True: its extra output is a sum of dx over the rows, the
+# second-order rules are dact_lu's). The pure-JAX path to order 1: its derivatives of order 2 are
+# jax's own autodiff of the same reference formulas (act_lu_tangent, dact) that the kernel
+# path's second-order rules differentiate, checked there at order 2.
+ORDERS = {
+    ("act_lu", "ffi"): 2,
+    ("act_lu", "xla"): 1,
+    ("dact_lu", "ffi"): 2,
+    ("dact_lu", "xla"): 1,
+    ("quantize_dact_dbias", "ffi"): 1,
+    ("quantize_dact_dbias", "xla"): 1,
+}
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("op", ["act_lu", "dact_lu", "quantize_dact_dbias"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_check_grads_every_activation(case, op, impl, rng):
-    """Orders 1 and 2, forward and reverse mode; quantize_dact_dbias checks dx and dbias."""
+    """Forward and reverse mode to the order in ORDERS (order 2: JVP and VJP of each other too),
+    on two row axes (x ``(2, 3[, 2], 8)``); quantize_dact_dbias checks dx and dbias. Eager, on
+    purpose: the ops' eager executables serve every case, where a jitted function would compile
+    each transformation anew."""
     act, params = case
     x, dz = _inputs(rng, act, params)
-    check_grads(_op(op, act, params, impl), _args(op, x, dz), order=2, modes=("fwd", "rev"), **FD)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("act", [ACT_BY_ALIAS["gelu"], CLAMPED], ids=str)
-def test_check_grads_activation_batched_rows(act, impl, rng):
-    """``activation`` (now ``act_lu`` itself) with two row axes."""
-    params = CUSTOM if act is CLAMPED else None
-    x, _ = _inputs(rng, act, params, lead=(3, 2))
-    check_grads(_op("activation", act, params, impl), (x,), order=2, modes=("fwd", "rev"), **FD)
+    f = _op(op, act, params, impl)
+    check_grads(f, _args(op, x, dz), order=ORDERS[op, impl], modes=("fwd", "rev"), **FD)
 
 
 # --- the kernel path gives the pure-JAX path's derivatives ---------------------------------------
@@ -125,14 +138,17 @@ def test_kernel_grad_and_jvp_match_xla(case, dtype, rng):
 
 def test_hessian_kernel_matches_xla(rng):
     act = ACT_BY_ALIAS["geglu"]
-    x, _ = _inputs(rng, act, None)
+    x, _ = _inputs(rng, act, None, lead=(3,))
 
-    def h(impl):
-        return jax.hessian(lambda x: jnp.sum(te_jax.activation(x, act.names, implementation=impl)))(
-            x
-        )
+    def loss(x, impl):
+        return jnp.sum(te_jax.activation(x, act.names, implementation=impl))
 
-    np.testing.assert_allclose(h("ffi"), h("xla"), rtol=1e-5, atol=1e-5)
+    @jax.jit
+    def h(x):  # both paths in one program
+        return [jax.hessian(functools.partial(loss, impl=impl))(x) for impl in IMPLS]
+
+    h_ffi, h_xla = h(x)
+    np.testing.assert_allclose(h_ffi, h_xla, rtol=1e-5, atol=1e-5)
 
 
 # --- transformations around grad ------------------------------------------------------------------
@@ -141,7 +157,7 @@ def test_hessian_kernel_matches_xla(rng):
 @pytest.mark.parametrize("act", SOME_ACTS, ids=str)
 def test_vmap_jit_checkpoint_of_grad(act, rng):
     params = CUSTOM if act is CLAMPED else None
-    x, dz = _inputs(rng, act, params, lead=(2, 3))  # vmapped over the leading 2
+    x, dz = _inputs(rng, act, params)  # vmapped over the leading 2
 
     def loss(impl, x, dz):
         y = te_jax.act_lu(x, act.names, act_params=params, implementation=impl)
@@ -227,17 +243,18 @@ QUANTIZED_CASES = [("act_lu", m) for m in QUANTIZERS] + [
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("op, mode", QUANTIZED_CASES, ids=[f"{o}-{m}" for o, m in QUANTIZED_CASES])
 def test_quantized_outputs_raise_a_clear_error(op, mode, impl):
+    """The error is raised when tracing the derivative (make_jaxpr: nothing is compiled)."""
     x = jnp.linspace(-2.0, 2.0, 64 * 32, dtype=jnp.float32).reshape(64, 32)
     f = _quantized(op, QUANTIZERS[mode], impl)
     name = "quantize.quantize" if op == "quantize" else op  # the public spelling of the op
     for diff in (
-        lambda: jax.grad(lambda x: jnp.sum(f(x)))(x),
-        lambda: jax.jvp(f, (x,), (x,)),
+        lambda x: jax.grad(lambda x: jnp.sum(f(x)))(x),
+        lambda x: jax.jvp(f, (x,), (x,)),
     ):
         with pytest.raises(
             TypeError, match=f"te_jax.{name}: a quantized output .* not differentiable"
         ):
-            diff()
+            jax.make_jaxpr(diff)(x)
     # No tangent reaching the op: no error, the rest of the function differentiates.
-    g = jax.grad(lambda x: jnp.sum(f(jax.lax.stop_gradient(x))) + jnp.sum(x))(x)
+    g = jax.jit(jax.grad(lambda x: jnp.sum(f(jax.lax.stop_gradient(x))) + jnp.sum(x)))(x)
     np.testing.assert_array_equal(g, np.ones(x.shape, np.float32))

@@ -21,11 +21,11 @@ import pytest
 import float64_oracle as oracle
 import te_jax
 from helpers import ACTS, DTYPE_IDS, DTYPES, np_dtype, tol
+from test_activation import Failures
 
 IMPLS = ["ffi", "xla"]
 
 
-@functools.partial(jax.jit, static_argnames=("act", "impl"))
 def _ops(x, dz, act, impl):
     kw = dict(activation_type=act, implementation=impl)
     y = te_jax.act_lu(x, **kw)
@@ -34,6 +34,13 @@ def _ops(x, dz, act, impl):
     _, vjp = jax.vjp(lambda v: te_jax.activation(v, **kw), x)
     (grad,) = vjp(dz)
     return y, dx, dx_db, dbias, grad
+
+
+@functools.partial(jax.jit, static_argnames="specs")
+def _many_ops(xs, dzs, specs):
+    """``_ops`` on ``(xs[i], dzs[i])`` with ``specs[i] = (activation, implementation)``: one
+    program for all."""
+    return [_ops(x, dz, act, impl) for x, dz, (act, impl) in zip(xs, dzs, specs, strict=True)]
 
 
 # --- NaN in, NaN out ---------------------------------------------------------------------------
@@ -53,14 +60,8 @@ def _nan_case(act, dtype):
     return x.astype(np_dtype(dtype)), dz.astype(np_dtype(dtype))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("act", ACTS, ids=str)
-def test_nan_in_nan_out(act, dtype, impl):
-    x, dz = _nan_case(act, dtype)
-    y, dx, dx_db, dbias, grad = (
-        np.asarray(o, np.float64) for o in _ops(jnp.asarray(x), jnp.asarray(dz), act.names, impl)
-    )
+def _check_nan_case(outs, x, dz, act, dtype, impl):
+    y, dx, dx_db, dbias, grad = (np.asarray(o, np.float64) for o in outs)
     nan_x = np.isnan(x.astype(np.float64))
     nan_in = nan_x.any(axis=-2) if act.gated else nan_x  # (2, 4): a or b NaN
     want_y = nan_in
@@ -82,17 +83,58 @@ def test_nan_in_nan_out(act, dtype, impl):
         np.testing.assert_allclose(got[~want_dx], dx64[~want_dx], rtol=t, atol=t)
 
 
+def _nan_impls(k, d):
+    """The implementations run for activation ``ACTS[k]`` in dtype ``DTYPES[d]``: the kernels
+    always; the pure-JAX path in one dtype per activation, rotating (it computes in float32
+    whatever the dtype, so its NaN handling is the formula's): every (activation, dtype),
+    (activation, implementation) and (dtype, implementation) pair is covered."""
+    return IMPLS if k % len(DTYPES) == d else ["ffi"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_nan_in_nan_out(dtype):
+    """Every activation, both implementations (see ``_nan_impls``), one program per dtype."""
+    d = DTYPES.index(dtype)
+    cases = [
+        (act, impl, *_nan_case(act, dtype))
+        for k, act in enumerate(ACTS)
+        for impl in _nan_impls(k, d)
+    ]
+    outs = _many_ops(
+        [jnp.asarray(x) for *_, x, _ in cases],
+        [jnp.asarray(dz) for *_, dz in cases],
+        tuple((act.names, impl) for act, impl, _, _ in cases),
+    )
+    failures = Failures()
+    for (act, impl, x, dz), out in zip(cases, outs, strict=True):
+        failures.check(f"{act}-{impl}", _check_nan_case, out, x, dz, act, dtype, impl)
+    failures.raise_any()
+
+
 def test_nan_and_overflow_examples():
     """Two cases the formulas once got wrong: ReLU passes NaN on (does not hide it), and
     QuickGELU's derivative at 3.4e38 is its limit 1 (not an overflow's NaN)."""
-    nan = jnp.array([jnp.nan])
+
+    @jax.jit
+    def examples(nan, one, big, x):
+        return {
+            impl: (
+                te_jax.act_lu(nan, "relu", implementation=impl),
+                te_jax.dact_lu(one, nan, "relu", implementation=impl),
+                te_jax.dact_lu(one, big, "quick_gelu", implementation=impl),
+                te_jax.act_lu(x, "clamped_swiglu", implementation=impl),
+            )
+            for impl in IMPLS
+        }
+
+    # clamped SwiGLU with a NaN a: NaN, not limit·σ(α·limit)
+    x = jnp.array([[jnp.nan], [1.0]])
+    outs = examples(jnp.array([jnp.nan]), jnp.ones(1), jnp.array([3.4e38]), x)
     for impl in IMPLS:
-        assert np.isnan(te_jax.act_lu(nan, "relu", implementation=impl)).all()
-        assert np.isnan(te_jax.dact_lu(jnp.ones(1), nan, "relu", implementation=impl)).all()
-        dq = te_jax.dact_lu(jnp.ones(1), jnp.array([3.4e38]), "quick_gelu", implementation=impl)
-        np.testing.assert_array_equal(np.asarray(dq), [1.0])
-        x = jnp.array([[jnp.nan], [1.0]])  # clamped SwiGLU with a NaN a: NaN, not limit·σ(α·limit)
-        assert np.isnan(te_jax.act_lu(x, "clamped_swiglu", implementation=impl)).all()
+        relu, drelu, dq, clamped = outs[impl]
+        assert np.isnan(relu).all() and np.isnan(drelu).all(), impl
+        np.testing.assert_array_equal(np.asarray(dq), [1.0], err_msg=impl)
+        assert np.isnan(clamped).all(), impl
 
 
 # --- Edge values against jax's float32 formulas ------------------------------------------------
@@ -159,7 +201,6 @@ def _edges(dtype) -> np.ndarray:
     return np.concatenate([mags, -mags, [0.0]]).astype(np_dtype(dtype))
 
 
-@functools.partial(jax.jit, static_argnames=("act", "params", "half", "impl"))
 def _component(x, other, act, params, half, impl):
     """(f, f') of one component at x through te_jax."""
     kw = dict(activation_type=act, act_params=params, implementation=impl)
@@ -173,24 +214,41 @@ def _component(x, other, act, params, half, impl):
 
 
 def _jax_reference(fn, x, dtype):
-    """jax's float32 value and vjp (cotangent 1) at x, rounded to dtype, as float64."""
-    x32 = jnp.asarray(x.astype(np.float32))
-    f, vjp = jax.vjp(fn, x32)
-    (df,) = vjp(jnp.ones_like(x32))
-    return [np.asarray(jnp.asarray(v).astype(dtype), np.float64) for v in (f, df)]
+    """jax's float32 value and vjp (cotangent 1) at x (float32), rounded to dtype."""
+    f, vjp = jax.vjp(fn, x)
+    (df,) = vjp(jnp.ones_like(x))
+    return [jnp.asarray(v).astype(dtype) for v in (f, df)]
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("comp", list(COMPONENTS))
-def test_edge_values_match_jax(comp, dtype, impl):
+@functools.partial(jax.jit, static_argnames="comp")
+def _component_all(xs, comp):
+    """For each dtype's edge values ``xs[i]``: te_jax's (f, f') on both implementations and
+    jax's float32 formula (rounded to the dtype); one program per component."""
     fn, (act, params, half, other) = COMPONENTS[comp]
+    return [
+        (
+            {impl: _component(x, other, act, params, half, impl) for impl in IMPLS},
+            _jax_reference(fn, x.astype(jnp.float32), x.dtype),
+        )
+        for x in xs
+    ]
+
+
+@pytest.mark.parametrize("comp", list(COMPONENTS))
+def test_edge_values_match_jax(comp):
+    """Each dtype and implementation (one program)."""
+    outs = _component_all([jnp.asarray(_edges(dtype)) for dtype in DTYPES], comp)
+    failures = Failures()
+    for dtype, did, (got, want) in zip(DTYPES, DTYPE_IDS, outs, strict=True):
+        for impl in IMPLS:
+            failures.check(f"{comp}-{did}-{impl}", _check_edges, comp, dtype, impl, got[impl], want)
+    failures.raise_any()
+
+
+def _check_edges(comp, dtype, impl, got, want):
     x = _edges(dtype)
-    f, df = (
-        np.asarray(v, np.float64)
-        for v in _component(jnp.asarray(x), other, act, params, half, impl)
-    )
-    want = _jax_reference(fn, x, dtype)
+    f, df = (np.asarray(v, np.float64) for v in got)
+    want = [np.asarray(w, np.float64) for w in want]
     x64 = x.astype(np.float64)
     replaced = set()
     for which, w in zip(("f", "df"), want, strict=True):
@@ -212,18 +270,25 @@ def test_edge_values_match_jax(comp, dtype, impl):
     assert {r for r in replaced if r[2] != "finite"} <= JAX_NAN_EDGES, replaced
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_oracle_at_the_edges(impl):
-    """The float64 oracle's limits agree with te_jax at +-inf and float32's max."""
+def test_oracle_at_the_edges():
+    """The float64 oracle's limits agree with te_jax at +-inf and float32's max (every
+    activation, both implementations, one program)."""
     x = np.array([np.inf, -np.inf, 3.4e38, -3.4e38, np.nan], np.float32)
-    for act in ACTS:
-        xx = np.stack([x, np.ones_like(x)], axis=-2) if act.gated else x
-        dz = np.ones(x.shape, np.float32)
-        y, dx, *_ = _ops(jnp.asarray(xx), jnp.asarray(dz), act.names, impl)
-        for got, want in ((y, oracle.act_lu(xx, act.enum)), (dx, oracle.dact_lu(dz, xx, act.enum))):
-            got = np.asarray(got, np.float64)
-            with np.errstate(over="ignore"):  # rounded to float32, like the op's output
-                want = want.astype(np.float32).astype(np.float64)
-            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=str(act))
-            ok = ~np.isnan(want)
-            np.testing.assert_allclose(got[ok], want[ok], rtol=2e-5, err_msg=str(act))
+    xxs = [np.stack([x, np.ones_like(x)], axis=-2) if act.gated else x for act in ACTS]
+    dz = np.ones(x.shape, np.float32)
+    specs = tuple((a.names, impl) for impl in IMPLS for a in ACTS)
+    outs = _many_ops([jnp.asarray(xx) for xx in xxs] * 2, [jnp.asarray(dz)] * len(specs), specs)
+    outs = {impl: outs[i * len(ACTS) : (i + 1) * len(ACTS)] for i, impl in enumerate(IMPLS)}
+    for impl in IMPLS:
+        for act, xx, (y, dx, *_) in zip(ACTS, xxs, outs[impl], strict=True):
+            for got, want in (
+                (y, oracle.act_lu(xx, act.enum)),
+                (dx, oracle.dact_lu(dz, xx, act.enum)),
+            ):
+                got = np.asarray(got, np.float64)
+                with np.errstate(over="ignore"):  # rounded to float32, like the op's output
+                    want = want.astype(np.float32).astype(np.float64)
+                msg = f"{act} {impl}"
+                np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=msg)
+                ok = ~np.isnan(want)
+                np.testing.assert_allclose(got[ok], want[ok], rtol=2e-5, err_msg=msg)
