@@ -2,7 +2,8 @@
 (tests/sharded/*_checks.py) run on a CPU mesh of 8 devices, in
 their own process: the device count must be set before jax starts, and this process's jax has
 started already. A long file runs as several processes (tests/sharded/conftest.py keeps one
-part of it in each), which pytest-xdist spreads over its workers."""
+part of it in each: its tests' ``pytest.mark.part``, or contiguous runs), which pytest-xdist
+spreads over its workers."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 # Each file: the fewest tests it holds (a file that collects fewer has lost some), and the
-# processes it is split over (the MLP steps are the slowest checks: split, they run side by side;
-# each process pays its own start and unsharded steps, so two parts, one per core).
+# processes it is split over (the MLP steps are the slowest checks: their file marks each test
+# with its part, the rows that share an unsharded step in one, each part well under a minute).
 CHECK_FILES = {
     "sharded_checks.py": (20, 1),
     "quantized_sharded_checks.py": (20, 1),
     "gemm_sharded_checks.py": (20, 1),
-    "mlp_sharded_checks.py": (40, 2),
+    "mlp_sharded_checks.py": (21, 4),
     "ops_sharded_checks.py": (4, 1),
 }
 PARTS = [(f, k, n) for f, (_, n) in CHECK_FILES.items() for k in range(n)]

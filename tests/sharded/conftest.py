@@ -1,9 +1,13 @@
-"""Runs one part of a check file: tests/test_sharding.py starts each file as several processes
-(TE_JAX_CHECKS_PART=K/N keeps the K-th of N contiguous runs of the collected tests), so that
-pytest-xdist can run them side by side. Without the variable every test runs.
+"""Runs one part of the check files: tests/test_sharding.py starts them as several processes
+(TE_JAX_CHECKS_PART=K/N keeps the K-th of N parts of the collected tests), so that pytest-xdist
+can run them side by side. Without the variable every test runs.
+
+A part is the tests marked ``pytest.mark.part(K)`` where the files mark their tests (every test
+then carries the mark: the rows that share an unsharded step stay in one process), else the
+K-th of N contiguous runs of the collected tests.
 
 The summary line ``te_jax part K/N: collected C, kept R`` lets the caller check that the whole
-file was collected and that this part ran all it kept.
+collection ran and that this part ran all it kept.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ import os
 import pytest
 
 PART_ENV = "TE_JAX_CHECKS_PART"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "part(k): the process (TE_JAX_CHECKS_PART=k/N) it runs in")
 
 
 def _part() -> tuple[int, int] | None:
@@ -30,14 +38,34 @@ def part_bounds(k: int, n: int, total: int) -> tuple[int, int]:
     return k * total // n, (k + 1) * total // n
 
 
+def _marked_parts(items, n: int) -> list[int] | None:
+    """Each item's ``part`` mark, or None where no item has one."""
+    marks = [item.get_closest_marker("part") for item in items]
+    if not any(marks):
+        return None
+    unmarked = [item.nodeid for item, m in zip(items, marks, strict=True) if m is None]
+    if unmarked:
+        raise pytest.UsageError(f"part marks on some tests, not on {unmarked}")
+    parts = [m.args[0] for m in marks]
+    if set(parts) != set(range(n)):
+        raise pytest.UsageError(f"tests marked with parts {sorted(set(parts))}, not 0..{n - 1}")
+    return parts
+
+
 def pytest_collection_modifyitems(config, items):
     part = _part()
     if part is None:
         return
-    begin, end = part_bounds(*part, len(items))
-    config.stash[_COUNTS] = (len(items), end - begin)
-    config.hook.pytest_deselected(items=items[:begin] + items[end:])
-    items[:] = items[begin:end]
+    k, n = part
+    parts = _marked_parts(items, n)
+    if parts is None:
+        begin, end = part_bounds(k, n, len(items))
+        keep = set(range(begin, end))
+    else:
+        keep = {i for i, p in enumerate(parts) if p == k}
+    config.stash[_COUNTS] = (len(items), len(keep))
+    config.hook.pytest_deselected(items=[it for i, it in enumerate(items) if i not in keep])
+    items[:] = [it for i, it in enumerate(items) if i in keep]
 
 
 _COUNTS = pytest.StashKey[tuple[int, int]]()
