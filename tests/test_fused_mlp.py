@@ -56,6 +56,22 @@ def _value_and_grads(fn, x, k1, b1, k2, b2, qs, dy, act, impl=None):
     return out, vjp(dy)
 
 
+@functools.partial(jax.jit, static_argnames=("acts",))
+def _fused_and_composed(cases, acts):
+    """``[(fused's, composed's) (out, grads)]`` of each case ``(x, k1, b1, k2, b2, qs, dy)``
+    with its activation in ``acts``, in one program (programs, not cases, are what cost)."""
+    return [
+        tuple(_value_and_grads.__wrapped__(fn, *case, act) for fn in (_fused, _composed))
+        for case, act in zip(cases, acts, strict=True)
+    ]
+
+
+def _case(rng, act, recipe, **kw):
+    """``(x, k1, b1, k2, b2, qs, dy)`` for ``act`` under ``recipe``."""
+    x, k1, b1, k2, b2, dy = _operands(rng, act, **kw)
+    return (x, k1, b1, k2, b2, _sets(RECIPES[recipe]), dy)
+
+
 def _sets(recipe):
     return QuantizerSet.create(recipe), QuantizerSet.create(recipe)
 
@@ -77,37 +93,33 @@ def _assert_close(got, want, exact: bool, rtol: float, what: str):
 # ---- the same results as two dense calls ------------------------------------------------
 
 
-# bf16 for every activation; delayed scaling (the same activation dispatch, plus the quantized
-# act_lu that test_quantized_output checks for every activation) for the representative ones.
-EQUALS_CASES = [(a, "bf16") for a in ACTS] + [(a, "delayed") for a in SOME_ACTS]
+# bf16 for every activation (the activation's math is the same under every recipe); the FP8
+# recipes for a non-gated and a gated activation (the hand-offs across the GEMM boundary: the
+# quantized act_lu forward and quantize_dact_dbias backward, which tests/test_quantized_output.py
+# checks for every activation and scaling mode). One program per recipe.
+EQUALS_ACTS = {
+    "bf16": ACTS,
+    "delayed": SOME_ACTS[:2],
+    "current": SOME_ACTS[:2],
+    "mxfp8": SOME_ACTS[:2],
+}
 
 
-@pytest.mark.parametrize(
-    "act, recipe", EQUALS_CASES, ids=[f"{a.alias}-{r}" for a, r in EQUALS_CASES]
-)
-def test_equals_two_dense_calls(act, recipe, rng):
+@pytest.mark.parametrize("recipe", list(EQUALS_ACTS))
+def test_equals_two_dense_calls(recipe, rng):
     """Output, every gradient and each quantizer set's cotangent (delayed: the next state of
-    the x, kernel and grad quantizers of both GEMMs) equal the composition's, over two steps
-    (the second with the state the first returned)."""
-    x, k1, b1, k2, b2, dy = _operands(rng, act)
-    qs = _sets(RECIPES[recipe])
-    for step in range(2):
-        got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
-        want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
-        # On the GPU the composition's forward GEMM applies GELU / ReLU in its epilogue (on
-        # the float32 h) and the fused backward gelu' in its dgrad epilogue: not bitwise.
-        _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, f"{act.alias} step {step}")
-        qs = got[1][5]
-
-
-@pytest.mark.parametrize("recipe", ["current", "mxfp8"])
-@pytest.mark.parametrize("act", SOME_ACTS[:2], ids=[a.alias for a in SOME_ACTS[:2]])
-def test_other_recipes_equal_two_dense_calls(act, recipe, rng):
-    x, k1, b1, k2, b2, dy = _operands(rng, act)
-    qs = _sets(RECIPES[recipe])
-    got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
-    want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
-    _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, act.alias)
+    the x, kernel and grad quantizers of both GEMMs) equal the composition's; delayed scaling
+    over two steps (the second with the state the first returned)."""
+    acts = EQUALS_ACTS[recipe]
+    cases = [_case(rng, act, recipe) for act in acts]
+    for step in range(2 if recipe == "delayed" else 1):
+        results = _fused_and_composed(cases, tuple(names(a) for a in acts))
+        for act, (got, want) in zip(acts, results, strict=True):
+            # On the GPU the composition's forward GEMM applies GELU / ReLU in its epilogue (on
+            # the float32 h) and the fused backward gelu' in its dgrad epilogue: not bitwise.
+            what = f"{act.alias} {recipe} step {step}"
+            _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, what)
+        cases = [c[:5] + (got[1][5],) + c[6:] for c, (got, _) in zip(cases, results, strict=True)]
 
 
 def _gelu_and_derivative(h):
@@ -179,15 +191,28 @@ def _gemm_epilogues(jaxpr) -> list:
     return gemms, others
 
 
-@pytest.mark.parametrize("backward", ["dgelu", "dgelu_bgrad"])
-@pytest.mark.parametrize("out_axes", [(H,), (2, H // 2)], ids=["out1", "out2"])
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+# Pairwise over (bias, kernel_2's output axes, backward): every pair of values meets once.
+DGELU_CASES = [
+    (True, (H,), "dgelu_bgrad"),
+    (True, (2, H // 2), "dgelu"),
+    (False, (H,), "dgelu"),
+    (False, (2, H // 2), "dgelu_bgrad"),
+]
+
+
+@pytest.mark.parametrize(
+    "bias, out_axes, backward",
+    DGELU_CASES,
+    ids=[f"{'bias' if b else 'nobias'}-out{len(o)}-{w}" for b, o, w in DGELU_CASES],
+)
 def test_dgelu_epilogue_path(bias, out_axes, backward, rng):
     """The bf16 GELU backward with ``gelu_backward="dgelu"`` / ``"dgelu_bgrad"``: kernel_2's
     dgrad GEMM takes the DGELU epilogue (dbias_1, where there is a bias, summed in it with
     ``"dgelu_bgrad"``, from dh in float32 with ``"dgelu"``) and no dact pass runs; against the
     composition within a bf16 rounding of the intermediate. Off a GPU the GEMM primitive runs
-    its pure-JAX epilogues; the default ``"dact"`` runs the dact pass instead."""
+    its pure-JAX epilogues; the default ``"dact"`` runs the dact pass instead. The cases are
+    pairwise over bias, output axes and backward (they meet in the GEMM's grad_bias flag and
+    the dbias reshape)."""
     act = ACT_BY_ALIAS["gelu"]
     x, k1, b1, k2, b2, dy = _operands(rng, act, bias=bias)
     k2 = k2.astype(k1.dtype).reshape((INTER,) + out_axes)
@@ -205,13 +230,21 @@ def test_dgelu_epilogue_path(bias, out_axes, backward, rng):
     dgelu = [g for g in gemms if g[0] == GemmEpilogue.DGELU]
     assert dgelu == [(GemmEpilogue.DGELU, bias and backward == "dgelu_bgrad")], gemms
     assert not [o for o in others if "dact" in o], f"a dact pass ran: {others}"
-    want = _value_and_grads(_composed, *args, names(act))
-    _assert_close(jax.jit(step(backward))(*args), want, False, 2**-7, "dgelu epilogue")
-    if bias and backward == "dgelu_bgrad" and len(out_axes) == 1:  # the default: a dact pass
+    dact = bias and backward == "dgelu_bgrad" and len(out_axes) == 1  # the default's dact pass
+    if dact:
         gemms, others = _gemm_epilogues(jax.make_jaxpr(step("dact"))(*args).jaxpr)
         assert GemmEpilogue.DGELU not in [g[0] for g in gemms], gemms
         assert [o for o in others if "dact" in o], others
-        _assert_close(jax.jit(step("dact"))(*args), want, False, 2**-7, "dact pass")
+
+    @jax.jit
+    def all_steps(*args):  # one program
+        composed = _value_and_grads.__wrapped__(_composed, *args, names(act))
+        return composed, step(backward)(*args), step("dact")(*args) if dact else None
+
+    want, got, got_dact = all_steps(*args)
+    _assert_close(got, want, False, 2**-7, "dgelu epilogue")
+    if dact:
+        _assert_close(got_dact, want, False, 2**-7, "dact pass")
 
 
 def test_gelu_backward_checked():
@@ -277,11 +310,15 @@ def test_vmap_scan_remat(recipe, rng):
     def out(x, k1, b1, k2, b2):
         return fused_mlp(x, k1, k2, b1, b2, names(act), qs)
 
-    batched = jax.jit(jax.vmap(out, (0, None, None, None, None)))(x, k1, b1, k2, b2)
+    @jax.jit
+    def batched_and_each(x, k1, b1, k2, b2):  # one program
+        each = [out(x[i], k1, b1, k2, b2) for i in range(x.shape[0])]
+        return jax.vmap(out, (0, None, None, None, None))(x, k1, b1, k2, b2), each
+
+    batched, each = batched_and_each(x, k1, b1, k2, b2)
     exact = recipe == "bf16" or not do.KERNEL_GEMM
-    one = jax.jit(out)  # one program for every element, not one per eager op
     for i in range(x.shape[0]):
-        _assert_close(batched[i], one(x[i], k1, b1, k2, b2), exact, 2**-5, f"vmap element {i}")
+        _assert_close(batched[i], each[i], exact, 2**-5, f"vmap element {i}")
 
     def loss(params, x, remat):
         def layer(h, p):
@@ -293,8 +330,6 @@ def test_vmap_scan_remat(recipe, rng):
 
     k2s = jnp.asarray(k2, k1.dtype)
     params = tuple(jnp.stack([a, a]) for a in (k1, b1, k2s, jnp.asarray(b2, k1.dtype)))
-    g_scan = jax.jit(jax.grad(loss), static_argnums=2)(params, x, False)
-    g_remat = jax.jit(jax.grad(loss), static_argnums=2)(params, x, True)
 
     def loop_loss(params, x):
         h = x
@@ -302,7 +337,14 @@ def test_vmap_scan_remat(recipe, rng):
             h = out(h, *(p[i] for p in params))
         return jnp.sum(h.astype(jnp.float32) * dy)
 
-    g_loop = jax.jit(jax.grad(loop_loss))(params, x)
+    @jax.jit
+    def grads(params, x):  # one program
+        return tuple(
+            jax.grad(f)(params, x)
+            for f in (lambda p, x: loss(p, x, False), lambda p, x: loss(p, x, True), loop_loss)
+        )
+
+    g_scan, g_remat, g_loop = grads(params, x)
     _assert_close(g_scan, g_loop, True, 0, "scan")
     _assert_close(g_remat, g_loop, True, 0, "remat")
 
@@ -310,15 +352,13 @@ def test_vmap_scan_remat(recipe, rng):
 def test_empty_batch_and_mixed_recipes(rng):
     """An empty batch gives empty results; one quantized GEMM and one not is the composition."""
     act = ACT_BY_ALIAS["gelu"]
-    x, k1, b1, k2, b2, dy = _operands(rng, act, lead=(0, 4))
-    out, grads = _value_and_grads(_fused, x, k1, b1, k2, b2, _sets(None), dy, names(act))
+    empty = _case(rng, act, "bf16", lead=(0, 4))
+    x, k1, b1, k2, b2, _, dy = _case(rng, act, "bf16")
+    mixed = (x, k1, b1, k2, b2, (QuantizerSet.create(DelayedScaling()), None), dy)
+    (got_empty, _), (got, want) = _fused_and_composed([empty, mixed], (names(act),) * 2)
+    out, grads = got_empty
     assert out.shape == (0, 4, H) and grads[1].shape == k1.shape
     np.testing.assert_array_equal(grads[1], 0)
-
-    x, k1, b1, k2, b2, dy = _operands(rng, act)
-    qs = (QuantizerSet.create(DelayedScaling()), None)
-    got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
-    want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
     _assert_close(got, want, True, 0, "mixed")
 
 
@@ -349,16 +389,17 @@ def test_errors(change, match, rng):
         fused_mlp(**args)
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "delayed"])
-def test_second_kernel_with_several_output_axes(recipe, rng):
-    """kernel_2 (I, A, B): out (..., A, B), the same as two dense calls."""
+def test_second_kernel_with_several_output_axes(rng):
+    """kernel_2 (I, A, B): out (..., A, B), the same as two dense calls, bf16 and under delayed
+    scaling (one program)."""
     act = ACT_BY_ALIAS["gelu"]
+    recipes = ("bf16", "delayed")
     x, k1, b1, _, _, _ = _operands(rng, act)
     k2 = jnp.asarray(rng.uniform(-1, 1, (INTER, 2, 16)) / np.sqrt(INTER), jnp.float32)
     b2 = jnp.asarray(rng.uniform(-0.5, 0.5, (2, 16)), jnp.float32)
     dy = jnp.asarray(rng.uniform(-1, 1, x.shape[:-1] + (2, 16)), x.dtype)
-    qs = _sets(RECIPES[recipe])
-    got = _value_and_grads(_fused, x, k1, b1, k2, b2, qs, dy, names(act))
-    want = _value_and_grads(_composed, x, k1, b1, k2, b2, qs, dy, names(act))
-    assert got[0].shape == x.shape[:-1] + (2, 16)
-    _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, "several output axes")
+    cases = [(x, k1, b1, k2, b2, _sets(RECIPES[r]), dy) for r in recipes]
+    results = _fused_and_composed(cases, (names(act),) * len(recipes))
+    for recipe, (got, want) in zip(recipes, results, strict=True):
+        assert got[0].shape == x.shape[:-1] + (2, 16)
+        _assert_close(got, want, not do.KERNEL_GEMM, 2**-5, f"several output axes {recipe}")
