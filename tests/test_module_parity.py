@@ -104,22 +104,27 @@ def _fp8_to_nnx(fp8: dict) -> dict:
 
 
 def _families(case: Case, recipe: str):
-    """``(params, fp8, {"linen": forward, "nnx": forward})``: Linen's initial variables made
-    non-trivial, as flat dicts, and each family's ``forward(params, fp8, x)`` on them."""
+    """``(params, fp8, {"linen": forward, "nnx": forward})``: random values for Linen's variables
+    (the names and shapes its init makes), as flat dicts, and each family's
+    ``forward(params, fp8, x)`` on them."""
     settings = dict(case.settings)
     if case.gemms:
         settings["recipe"] = RECIPES[recipe]
     x = jnp.zeros(X_SHAPE, jnp.bfloat16)
     linen = case.linen(**case.linen_args, **settings)
-    variables = jax.jit(functools.partial(linen.init, **case.call))(jax.random.key(0), x)
+    # the variables' names and shapes only (nothing compiled): the values are drawn here
+    variables = jax.eval_shape(functools.partial(linen.init, **case.call), jax.random.key(0), x)
     rng = np.random.default_rng(0)
     params = {
-        k: v + jnp.asarray(0.2 * rng.standard_normal(v.shape), v.dtype)
+        k: jnp.asarray(0.2 * rng.standard_normal(v.shape), v.dtype)
         for k, v in nn.meta.unbox(variables["params"]).items()
     }
     # a delayed-scaling state as a step leaves it: scales other than 1, amaxes recorded
     fp8 = {
-        k: v + (0.5 if k.endswith("_scale") else jnp.arange(v.size, dtype=v.dtype).reshape(v.shape))
+        k: jnp.asarray(
+            np.full(v.shape, 1.5) if k.endswith("_scale") else np.arange(v.size).reshape(v.shape),
+            v.dtype,
+        )
         for k, v in variables.get(tef.FP8_COLLECTION, {}).items()
     }
 
@@ -138,6 +143,12 @@ def _families(case: Case, recipe: str):
     for f in (forward_linen, forward_nnx):
         f.__name__ = f.__qualname__ = "forward"
     return params, fp8, {"linen": forward_linen, "nnx": forward_nnx}
+
+
+@functools.cache
+def _families_of(name: str, recipe: str):
+    """``_families`` of ``CASES[name]``, made once for the tests that share it."""
+    return _families(CASES[name], recipe)
 
 
 def _x():
@@ -163,14 +174,16 @@ def _quadratic_loss(f):
 def test_outputs_and_gradients_bit_for_bit(name, recipe):
     """Output and the gradient of a quadratic loss with respect to x, every parameter and the
     FP8 state (its next value)."""
-    params, fp8, forward = _families(CASES[name], recipe)
-    x = _x()
-    results = {
-        family: jax.jit(jax.value_and_grad(_quadratic_loss(f), (0, 1, 2), has_aux=True))(
-            params, fp8, x
-        )
-        for family, f in forward.items()
-    }
+    params, fp8, forward = _families_of(name, recipe)
+
+    @jax.jit
+    def both(params, fp8, x):  # one program for both families
+        return {
+            family: jax.value_and_grad(_quadratic_loss(f), (0, 1, 2), has_aux=True)(params, fp8, x)
+            for family, f in forward.items()
+        }
+
+    results = both(params, fp8, _x())
     _, (d_params, d_fp8, _) = results["linen"]
     assert jax.tree.structure(results["linen"]) == jax.tree.structure(results["nnx"])
     assert all(float(jnp.max(jnp.abs(g))) > 0 for g in jax.tree.leaves(d_params))
@@ -191,7 +204,7 @@ def _compiled_text(f, *args) -> str:
 
 @pytest.mark.parametrize("name, recipe", PARAMS)
 def test_same_compiled_forward(name, recipe):
-    params, fp8, forward = _families(CASES[name], recipe)
+    params, fp8, forward = _families_of(name, recipe)
     x = _x()
     linen, nnx_ = (_compiled_text(forward[f], params, fp8, x) for f in ("linen", "nnx"))
     assert linen == nnx_
@@ -201,7 +214,7 @@ def test_mlp_with_deterministic_dropout_is_fused_mlp():
     """A rate above 0 under ``deterministic=True`` (or NNX's ``model.eval()``) compiles to
     what a rate of 0 does (the fused_mlp op), in both families."""
     case = CASES["LayerNormMLP-dropout-deterministic"]
-    params, fp8, families = _families(case, "delayed")
+    params, fp8, families = _families_of("LayerNormMLP-dropout-deterministic", "delayed")
     no_dropout = {**case.settings, "intermediate_dropout_rate": 0.0}
     _, _, plain = _families(dataclasses.replace(case, settings=no_dropout), "delayed")
     # NNX's eval mode: deterministic from the module, not the call
