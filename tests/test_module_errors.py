@@ -54,7 +54,8 @@ def test_delayed_scaling_on_variables_made_without_it(name, init_recipe):
     collection is missing and why, and its recipe for adding the state works."""
     make, var, kw = LINEN_FP8[name]
     x = _ones((2, 4, H))
-    variables = make(init_recipe).init(KEY, x, **kw)
+    # raised at trace time: shapes only, nothing compiled or run
+    variables = jax.eval_shape(lambda x: make(init_recipe).init(KEY, x, **kw), x)
     m = make(DelayedScaling(amax_history_len=4))
     match = (
         rf"te_jax.flax.{name}: recipe=DelayedScaling\(\) keeps its FP8 state in the 'fp8_metas' "
@@ -63,9 +64,11 @@ def test_delayed_scaling_on_variables_made_without_it(name, init_recipe):
         r"recipe=DelayedScaling\(\.\.\.\).*module.apply\(variables, x, "
         r"mutable=\[\"fp8_metas\"\]\)"
     )
-    _raises(ValueError, match, lambda: m.apply(variables, x, **kw))
-    _, state = m.apply(variables, x, mutable=["fp8_metas"], **kw)  # the message's fix
-    m.apply({**variables, **state}, x, **kw)
+    _raises(ValueError, match, lambda: jax.eval_shape(lambda v: m.apply(v, x, **kw), variables))
+    _, state = jax.eval_shape(  # the message's fix
+        lambda v: m.apply(v, x, mutable=["fp8_metas"], **kw), variables
+    )
+    jax.eval_shape(lambda v: m.apply(v, x, **kw), {**variables, **state})
 
 
 class _Body(nn.Module):
@@ -96,9 +99,11 @@ def test_scan_without_fp8_metas_in_variable_axes(where, axes):
         _raises(ValueError, match, lambda: bad.init(KEY, x, None))
     else:
         good = _stack(variable_axes={"params": 0, "fp8_metas": 0})
-        variables = good.init(KEY, x, None)
-        _raises(ValueError, match, lambda: bad.apply(variables, x, None))
-        good.apply(variables, x, None)
+        variables = jax.eval_shape(lambda x: good.init(KEY, x, None), x)  # shapes only
+        _raises(
+            ValueError, match, lambda: jax.eval_shape(lambda v: bad.apply(v, x, None), variables)
+        )
+        jax.eval_shape(lambda v: good.apply(v, x, None), variables)
 
 
 # ---- the input's feature axes against what the module was built for ------------------------
@@ -359,14 +364,15 @@ def test_bad_fields(call, exc, match):
 def test_linen_dropout_without_its_rng():
     m = tef.LayerNormMLP(intermediate_dim=32, intermediate_dropout_rate=0.1)
     x = _ones((2, 3, H))
-    variables = m.init(KEY, x)  # init falls back to the "params" rng
+    # init falls back to the "params" rng; all at trace time (shapes only)
+    variables = jax.eval_shape(lambda x: m.init(KEY, x), x)
     match = (
         r"te_jax.flax.LayerNormMLP: intermediate_dropout_rate=0.1 draws from the 'dropout' rng, "
         r"which apply was not given: pass rngs=\{'dropout': key\}, or deterministic=True"
     )
-    _raises(ValueError, match, lambda: m.apply(variables, x))
-    m.apply(variables, x, rngs={"dropout": KEY})
-    m.apply(variables, x, deterministic=True)
+    _raises(ValueError, match, lambda: jax.eval_shape(lambda v: m.apply(v, x), variables))
+    jax.eval_shape(lambda v: m.apply(v, x, rngs={"dropout": KEY}), variables)
+    jax.eval_shape(lambda v: m.apply(v, x, deterministic=True), variables)
 
 
 # ---- MXFP8: the module's tokens (batch × sequence) -----------------------------------------
@@ -405,13 +411,14 @@ def test_mxfp8_tokens_not_a_multiple_of_32(name, op):
 def test_mxfp8_linen_tokens():
     m = tef.LayerNormMLP(intermediate_dim=H, recipe=MXFP8BlockScaling())
     x = _ones((1, 8, H), jnp.bfloat16)
-    variables = m.init(KEY, x, deterministic=True)  # init on 8 tokens runs the forward only
+    # init on 8 tokens runs the forward only; both at trace time (shapes only)
+    variables = jax.eval_shape(lambda x: m.init(KEY, x, deterministic=True), x)
 
     def loss(params):
         return jnp.sum(m.apply({"params": params}, x, deterministic=True)[0].astype(jnp.float32))
 
     match = r"te_jax.fused_mlp: .*the tokens \(batch × sequence.*\(1, 8\)\).*has 8"
-    _raises(ValueError, match, lambda: jax.grad(loss)(variables["params"]))
+    _raises(ValueError, match, lambda: jax.eval_shape(jax.grad(loss), variables["params"]))
 
 
 _NORM_OFF = {"enable_layernorm": False, "layernorm_type": "batchnorm"}
