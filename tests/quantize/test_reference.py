@@ -197,23 +197,31 @@ def test_shapes_and_layouts(mode, case, rng):
     np.testing.assert_allclose(np.asarray(dq), dq_ref, rtol=2.0**-23, atol=2.0**-148)
 
 
+ABSTRACT_SHAPES = [((4, 32, 64), 1), ((2, 64, 3, 32), 2)]
+MODES = [DELAYED, CURRENT, MXFP8, NVFP4]
+
+
 @pytest.mark.parametrize("layout", list(QuantizeLayout), ids=lambda lay: lay.name)
-@pytest.mark.parametrize("mode", [DELAYED, CURRENT, MXFP8, NVFP4], ids=lambda m: m.name)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_abstract_shapes_match_scale_shapes(mode, layout):
-    """``jax.eval_shape`` of ``quantize`` agrees with ``scale_shapes`` (no compilation)."""
+    """``jax.eval_shape`` of ``quantize`` agrees with ``scale_shapes`` (no compilation).
+    Pairwise: every (mode, layout) pair, with the shape (one feature axis, or two and a rank-4
+    input) alternating so that every (mode, shape) and (layout, shape) pair meets too (each
+    trace of the reference costs about a second for NVFP4). test_shapes_and_layouts checks more
+    (shape, nf, layout) combinations against scale_shapes on compiled results."""
     cfg = CONFIG_BY_MODE[mode]
-    for shape, nf in [((4, 32, 64), 1), ((2, 64, 3, 32), 2)]:
-        y = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-        got = jax.eval_shape(
-            functools.partial(reference.quantize, n_feature_axes=nf), y, cfg.quantizer(layout)
-        )
-        specs = shapes.scale_shapes(shape, mode, layout, nf, cfg.q_dtype)
-        for name in FIELDS:
-            leaf, spec = getattr(got, name), specs[name]
-            assert (leaf is None) == (spec is None), (name, shape)
-            if leaf is not None:
-                assert (leaf.shape, leaf.dtype) == (spec.shape, spec.dtype), (name, shape)
-        assert got.dq_dtype == jnp.bfloat16 and got.shape == shape
+    shape, nf = ABSTRACT_SHAPES[(MODES.index(mode) + list(QuantizeLayout).index(layout)) % 2]
+    y = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    got = jax.eval_shape(
+        functools.partial(reference.quantize, n_feature_axes=nf), y, cfg.quantizer(layout)
+    )
+    specs = shapes.scale_shapes(shape, mode, layout, nf, cfg.q_dtype)
+    for name in FIELDS:
+        leaf, spec = getattr(got, name), specs[name]
+        assert (leaf is None) == (spec is None), (name, shape)
+        if leaf is not None:
+            assert (leaf.shape, leaf.dtype) == (spec.shape, spec.dtype), (name, shape)
+    assert got.dq_dtype == jnp.bfloat16 and got.shape == shape
 
 
 def test_scale_shapes_examples():
