@@ -105,10 +105,7 @@ class Linear(BasicOperation):
     def param_axes(self):
         """The kernel parameter's logical axis names: ``kernel_axes``, with ``ACT`` for the
         halves' axis of a gated kernel."""
-        axes = self.kernel_axes
-        if axes is not None and len(self.output_view) == 2:
-            axes = (axes[0], ACT, axes[1])
-        return axes
+        return _view_axes(self.kernel_axes, self.output_view)
 
     def _init_kernel(self, rngs: nnx.Rngs) -> None:
         # Drawn flat, so the initializer's fan-in/fan-out are the GEMM's, then viewed.
@@ -180,6 +177,14 @@ class Linear(BasicOperation):
         return dx, OpGrads({"kernel": dk}, new_qs)
 
 
+def _view_axes(kernel_axes, features):
+    """The logical axes of the kernel viewed as ``(in, *features)``: ``ACT`` for the halves'
+    axis of a gated ``(in, 2, N)`` view."""
+    if kernel_axes is None or len(features) != 2:
+        return kernel_axes
+    return (kernel_axes[0], ACT, kernel_axes[1])
+
+
 def gated_activation_follows(following: Sequence[BasicOperation]) -> bool:
     """Whether ``following`` (the ops after a ``Linear`` or ``Bias``) starts with a gated
     ``Activation``, a ``Bias`` before it or not."""
@@ -206,9 +211,7 @@ def linear_forward(op: Linear, ctx, x, kernel, bias, qs, features=None, act=None
         x = x.astype(op.dtype)
     k = kernel.reshape((op.in_features,) + tuple(features))
     b = None if bias is None else bias.reshape(features)
-    axes = op.kernel_axes
-    if axes is not None and len(features) == 2:  # a gated (K, 2, N) view
-        axes = (axes[0], ACT, axes[1])
+    axes = _view_axes(op.kernel_axes, features)
     cfg, k, b, qs = core.prepare(
         x, k, b, act, qs, act_params, ((-1,), (0,)), op.implementation, _WHERE, kernel_axes=axes
     )
