@@ -1,7 +1,7 @@
 // float32 -> FP8 / FP4 codes for the CPU loops: bit for bit fmt::to_e4m3 / to_e5m2 / to_e2m1
 // (common/formats.h) for every float32 input, under any denormal mode
-// (ffi/cpu/tests/encode_test.cc checks all 2^32 inputs, with and without FTZ/DAZ), but shaped for
-// GCC's vectoriser.
+// (ffi/cpu/tests/encode_test.cc checks every rounding tie and its neighbours, or with --full all
+// 2^32 inputs, with and without FTZ/DAZ), but shaped for GCC's vectoriser.
 //
 // Why not call fmt::to_* in the loops: their result is a uint8_t, and GCC narrows their
 // mask-arithmetic selects to 8 and 16 bits ("over-widening"), repacking every compare mask to
