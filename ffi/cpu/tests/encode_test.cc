@@ -28,7 +28,7 @@
 // mxfp8_plain_exponent), whose arguments are about magnitudes, not about individual bit patterns.
 // The encoders round at significand bit 19 or above (E4M3's round bit; higher for E5M2, E2M1 and
 // the formats' subnormals), all of whose ties and neighbours the default subset holds; --full
-// (about 2 minutes on 2 cores) checks them on every input.
+// (about 25 s more on 2 idle cores) checks them on every input.
 // Built and run by tests/test_cpu_encode.py with the extension's flags (-O3 -fno-trapping-math),
 // from the repository root:
 //   c++ -std=c++17 -O3 -fno-trapping-math -pthread -I ffi -isystem <jaxlib>/include
