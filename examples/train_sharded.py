@@ -94,7 +94,7 @@ def linen_state(args, recipe, x0, rules):
     """``(state, state specs, step)``: params, FP8 state and optimizer state, their mesh
     PartitionSpecs, and the step function (not yet jitted)."""
     model = LinenStack(args.layers, args.intermediate, args.activations, recipe)
-    variables = model.init(jax.random.key(0), x0)
+    variables = jax.jit(model.init)(jax.random.key(0), x0)  # one compiled program
     specs = nn.logical_to_mesh(nn.get_partition_spec(variables), rules)
     params, fp8 = nn.meta.unbox(variables["params"]), variables.get(tef.FP8_COLLECTION, {})
     p_specs, f_specs = specs["params"], specs.get(tef.FP8_COLLECTION, {})
