@@ -84,6 +84,7 @@ def expect(
     aux=None,
     lhs_scale_inv=None,
     rhs_scale_inv=None,
+    addend=None,
     *,
     lhs_trans=False,
     rhs_trans=False,
@@ -106,12 +107,13 @@ def expect(
     acc = np.matmul(L, R) * s
     mag = np.matmul(np.abs(L), np.abs(R)) * abs(s)
     b = 0.0 if bias is None else np.asarray(bias).astype(np.float64)
-    h = acc + b
-    acc_err = (k + 2) * 2.0**-23 * (mag + np.abs(b))
+    c = 0.0 if addend is None else np.asarray(addend).astype(np.float64)
+    h = acc + c + b
+    acc_err = (k + 2) * 2.0**-23 * (mag + np.abs(b) + np.abs(c))
     epilogue = E(epilogue)
     fi = ml_dtypes.finfo(out_dt)
     eps, tiny = float(fi.eps), float(fi.smallest_subnormal)
-    if kernel and bias is not None and out_dt.itemsize == 2:
+    if kernel and (bias is not None or addend is not None) and out_dt.itemsize == 2:
         acc_err = acc_err + 0.5 * eps * np.abs(acc)
     if kernel and np.dtype(np.asarray(lhs).dtype).itemsize == 1:
         # Hopper's FP8 tensor cores accumulate each block of K in reduced precision before the
@@ -168,7 +170,7 @@ def call(args: dict, impl, *, use_jit=True) -> GemmResult:
     return (jax.jit(fn) if use_jit else fn)(arrays)
 
 
-_ARRAY_ARGS = ("lhs", "rhs", "bias", "aux", "lhs_scale_inv", "rhs_scale_inv")
+_ARRAY_ARGS = ("lhs", "rhs", "bias", "aux", "lhs_scale_inv", "rhs_scale_inv", "addend")
 
 
 def check_impls(*cases: dict, what=""):
@@ -214,6 +216,72 @@ def test_layouts_and_bias(dtype, trans, with_bias, rng):
     if with_bias:
         args["bias"] = random_like(rng, (n,), dtype)
     check_impls(args)
+
+
+# name: (operand dtype, out dtype, (lhs_trans, rhs_trans), lhs batch, rhs batched, bias, K, N)
+ADDEND_CASES = {
+    "f32_NN_bias": (F32, F32, (False, False), (), False, True, 33, 5),
+    "bf16_TN": (BF16, BF16, (True, False), (), False, False, 33, 5),
+    "f16_NT_bias": (F16, F16, (False, True), (), False, True, 33, 5),
+    "bf16_rank3_bias": (BF16, BF16, (False, True), (2,), True, True, 33, 5),
+    "bf16_shared_weight": (BF16, BF16, (False, False), (2,), False, True, 33, 5),
+    "fp8_bf16_bias": (E4M3, BF16, (False, True), (), False, True, 32, 16),
+    "fp8_f32_bias": (E4M3, F32, (False, True), (), False, True, 32, 16),  # the float32 fallback
+    "fp8_misaligned": (E4M3, BF16, (False, True), (), False, False, 24, 8),  # likewise
+}
+
+
+def _addend_args(rng, name):
+    dtype, out_dt, (lt, rt), batch, rhs_batched, with_bias, k, n = ADDEND_CASES[name]
+    m = 7
+    if dtype == E4M3:
+        lhs, rhs = fp8(rng, batch + (m, k), E4M3), fp8(rng, (n, k), E4M3)
+        scales = dict(
+            lhs_scale_inv=jnp.asarray([0.5], jnp.float32),
+            rhs_scale_inv=jnp.asarray([0.25], jnp.float32),
+            out_dtype=out_dt,
+        )
+    else:
+        rbatch = batch if rhs_batched else ()
+        lhs = random_like(rng, batch + ((k, m) if lt else (m, k)), dtype)
+        rhs = random_like(rng, rbatch + ((n, k) if rt else (k, n)), dtype)
+        scales = {}
+    args = dict(lhs=lhs, rhs=rhs, lhs_trans=lt, rhs_trans=rt, **scales)
+    args["addend"] = random_like(rng, batch + (m, n), out_dt, scale=4.0)
+    if with_bias:
+        args["bias"] = random_like(rng, (n,), out_dt)
+    return args
+
+
+def test_addend(rng):
+    """``out = (L·R·scales + addend) + bias``, one rounding: every layout, dtype and form
+    (strided batch, a shared weight folded into M, FP8, the FP8 float32 fallbacks), both
+    implementations, in one program; the addend's tangent passes through unchanged."""
+    check_impls(*(_addend_args(rng, name) for name in ADDEND_CASES))
+    args = _addend_args(rng, "bf16_shared_weight")
+    arrays = {k: v for k, v in args.items() if k in _ARRAY_ARGS}
+    static = {k: v for k, v in args.items() if k not in _ARRAY_ARGS}
+    dc = random_like(rng, args["addend"].shape, BF16)
+
+    def f(c):
+        return bind_gemm(**{**arrays, "addend": c}, **static).out
+
+    _, tangent = jax.jit(lambda c, t: jax.jvp(f, (c,), (t,)))(arrays["addend"], dc)
+    np.testing.assert_array_equal(np.asarray(tangent), np.asarray(dc))
+
+
+def test_addend_grouped_axes(rng):
+    """An addend of a grouped GEMM (``n_ndim=2``: a gated kernel's ``(K, 2, N)``) has out's
+    grouped shape ``(M, 2, N)``."""
+    lhs, rhs = random_like(rng, (7, 32), BF16), random_like(rng, (32, 2, 8), BF16)
+    addend, bias = random_like(rng, (7, 2, 8), BF16), random_like(rng, (2, 8), BF16)
+    out = jax.jit(lambda *a: bind_gemm(a[0], a[1], a[2], addend=a[3], n_ndim=2).out)(
+        lhs, rhs, bias, addend
+    )
+    flat = dict(
+        lhs=lhs, rhs=rhs.reshape(32, 16), bias=bias.reshape(16), addend=addend.reshape(7, 16)
+    )
+    check(GemmResult(out.reshape(7, 16)), flat)
 
 
 EPILOGUE_CASES = [
@@ -282,6 +350,7 @@ def test_gelu_aux_is_the_rounded_pre_activation(dtype, impl, rng):
             jnp.zeros((0,), dtype),
             jnp.ones((1,)),
             jnp.ones((1,)),
+            jnp.zeros((0,), dtype),
             GemmConfig(epilogue=E.GELU_AUX, out_dtype=np.dtype(dtype)),
         )[1]
     )
@@ -609,6 +678,20 @@ VMAP_CASES = {
         bias=True,
         axes=[(0, None, None, None, None, None), (0, None, None, None, None, None)],
     ),
+    # the addend: batched with lhs (the batching rule), broadcast to lhs's batch, batched alone
+    "addend_with_lhs": dict(
+        dtype=BF16,
+        lhs=(3, M_, K_),
+        bias=True,
+        addend=(3, M_, N_),
+        axes=[(0, None, None, None, None, None, 0)],
+    ),
+    "addend_shared": dict(
+        dtype=F16, lhs=(3, M_, K_), addend=(M_, N_), axes=[(0, None, None, None, None, None, None)]
+    ),
+    "addend_only_batched": dict(
+        dtype=F32, addend=(3, M_, N_), bias=True, axes=[(None, None, None, None, None, None, 0)]
+    ),
     "fp8_scales_batched": dict(
         dtype=E4M3,
         lhs=(3, M_, K_),
@@ -640,6 +723,9 @@ def _vmap_inputs(case, rng):
     if is_fp8:
         shape = case.get("scales", ())
         args += [jnp.asarray(rng.uniform(0.5, 2.0, size=shape), jnp.float32) for _ in range(2)]
+    if "addend" in case:
+        args += [None] * (6 - len(args))
+        args.append(random_like(rng, case["addend"], out_dt, scale=2.0))
     static = dict(
         lhs_trans=lt,
         rhs_trans=rt,
@@ -662,6 +748,7 @@ XLA_VMAP = {
     "dbias_nested",
     "fp8_nested",
     "fp8_scales_batched",
+    "addend_only_batched",
 }
 VMAP_PARAMS = [
     pytest.param(name, impl, id=f"{name}-{'auto' if impl is None else impl}")
@@ -891,6 +978,7 @@ class ContractEmulator:
 
     def __init__(self):
         self.calls = []
+        self.addends = []
         self.attrs = []
         self.dtypes = []
 
@@ -902,8 +990,9 @@ class ContractEmulator:
         for k, v in attrs.items():
             assert type(v) is (np.int64 if k == "epilogue" else np.bool_), (k, type(v))
         self.attrs.append(attrs)
-        lhs, rhs, bias, aux, lsi, rsi = operands
+        lhs, rhs, bias, aux, lsi, rsi, addend = operands
         self.calls.append((lhs.shape, rhs.shape, bias.shape, aux.shape))
+        self.addends.append(addend.shape)
         self.dtypes.append((np.dtype(lhs.dtype), np.dtype(rhs.dtype), np.dtype(results[0].dtype)))
         lt, rt, ep = bool(attrs["lhs_trans"]), bool(attrs["rhs_trans"]), E(attrs["epilogue"])
         assert lhs.ndim in (2, 3) and rhs.ndim == lhs.ndim
@@ -929,6 +1018,9 @@ class ContractEmulator:
             assert aux.shape == out_shape and np.dtype(aux.dtype) == out_dt and bias.size == 0
         else:
             assert aux.shape == (0,)
+        if addend.shape != (0,):
+            assert ep == E.DEFAULT and addend.shape == out_shape
+            assert np.dtype(addend.dtype) == out_dt
         shapes = [tuple(r.shape) for r in results]
         assert shapes[1] == (out_shape if ep == E.GELU_AUX else (0,))
         assert shapes[2] == ((n,) if attrs["grad_bias"] else (0,))
@@ -936,11 +1028,14 @@ class ContractEmulator:
         ws = results[self.WORKSPACE]
         assert shapes[self.WORKSPACE] == (GEMM_WORKSPACE_BYTES,) and ws.dtype == np.uint8
 
-        def math(lhs, rhs, bias, aux, lsi, rsi):
-            lhs, rhs, bias, aux, lsi, rsi = (np.asarray(x) for x in (lhs, rhs, bias, aux, lsi, rsi))
+        def math(lhs, rhs, bias, aux, lsi, rsi, addend):
+            lhs, rhs, bias, aux, lsi, rsi, addend = (
+                np.asarray(x) for x in (lhs, rhs, bias, aux, lsi, rsi, addend)
+            )
             if not fp8_ops:
                 assert lsi[0] == rsi[0] == 1.0
             acc = np.matmul(math_form(lhs, lt), math_form(rhs, rt)) * float(lsi[0]) * float(rsi[0])
+            acc = acc + (addend.astype(np.float64) if addend.ndim > 1 else 0.0)
             h = acc + (bias.astype(np.float64) if bias.size else 0.0)
             y = {
                 E.DEFAULT: lambda: h,
@@ -1011,6 +1106,7 @@ def test_kernel_path_buffers(form, case, rng):
         args.get("aux", absent),
         jnp.ones((1,)),
         jnp.ones((1,)),
+        absent,
         config,
         ffi_call=emulator,
     )
@@ -1019,6 +1115,27 @@ def test_kernel_path_buffers(form, case, rng):
     in_kernel = config.replace(grad_bias=grad_bias and len(kernel_lhs) == 2)
     assert emulator.attrs[0] == in_kernel.ffi_attributes()
     check(GemmResult(*_fill(outs, args)), args, kernel=True)
+
+
+@pytest.mark.parametrize("form", ["rank2_TT", "shared_rhs_folds", "batch_axes_merge"])
+def test_kernel_path_buffers_addend(form, rng):
+    """The addend reaches te_jax_gemm in the call's own form (folded rows, merged batch axes)."""
+    lshape, rshape, lt, rt, kernel_lhs = KERNEL_FORMS[form]
+    emulator = ContractEmulator()
+    lhs, rhs = random_like(rng, lshape, BF16), random_like(rng, rshape, BF16)
+    m = lshape[-1] if lt else lshape[-2]
+    n = rshape[-2] if rt else rshape[-1]
+    args = dict(lhs=lhs, rhs=rhs, lhs_trans=lt, rhs_trans=rt)
+    args["addend"] = random_like(rng, lshape[:-2] + (m, n), BF16)
+    args["bias"] = random_like(rng, (n,), BF16)
+    config = GemmConfig(lhs_trans=lt, rhs_trans=rt, out_dtype=BF16, addend=True)
+    one, absent = jnp.ones((1,)), jnp.zeros((0,), BF16)
+    outs = kernel_results(
+        lhs, rhs, args["bias"], absent, one, one, args["addend"], config, ffi_call=emulator
+    )
+    call_rows = kernel_lhs[:-2] + ((kernel_lhs[-1] if lt else kernel_lhs[-2]),)
+    assert emulator.addends == [call_rows + (n,)], emulator.addends
+    check(GemmResult(*_fill(outs, dict(epilogue=E.DEFAULT, grad_bias=False))), args, kernel=True)
 
 
 @pytest.mark.parametrize("form", ["rank2", "shared_rhs_folds", "rank3"])
@@ -1036,7 +1153,8 @@ def test_kernel_path_buffers_fp8(form, rng):
         split_accumulator=False,
         deterministic=True,
     )
-    outs = kernel_results(lhs, rhs, bias, jnp.zeros((0,), F16), lsi, rsi, config, ffi_call=emulator)
+    absent = jnp.zeros((0,), F16)
+    outs = kernel_results(lhs, rhs, bias, absent, lsi, rsi, absent, config, ffi_call=emulator)
     args = dict(
         lhs=lhs,
         rhs=rhs,
@@ -1067,6 +1185,7 @@ def test_kernel_path_skips_empty_problems(rng):
             jnp.zeros((0,), F32),
             jnp.ones((1,)),
             jnp.ones((1,)),
+            jnp.zeros((0,), F32),
             GemmConfig(out_dtype=F32),
             ffi_call=emulator,
         )
@@ -1158,6 +1277,7 @@ def test_misaligned_fp8_kernel_path_widens_to_float32(name, rng):
             a.get("aux", absent),
             a["lhs_scale_inv"].reshape(1),
             a["rhs_scale_inv"].reshape(1),
+            absent,
             config,
             ffi_call=emulator,
         )
@@ -1338,6 +1458,26 @@ ERROR_CASES = {
         r"lhs_scale_inv must be a scalar or of shape \(1,\), got shape \(2,\)",
     ),
 }
+
+
+ERROR_CASES.update(
+    addend_with_gelu=(
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), addend=_a((4, 8)), epilogue="gelu"),
+        ValueError,
+        r"an addend is added with epilogue GemmEpilogue.DEFAULT only, got epilogue "
+        r"GemmEpilogue.GELU",
+    ),
+    addend_shape=(
+        dict(lhs=_a((4, 16)), rhs=_a((16, 8)), addend=_a((8,))),
+        ValueError,
+        r"addend must have shape \(4, 8\) \(out's shape\), got \(8,\)",
+    ),
+    addend_dtype=(
+        dict(lhs=_a((4, 16), BF16), rhs=_a((16, 8), BF16), addend=_a((4, 8))),
+        TypeError,
+        r"addend must have out_dtype bfloat16, got float32",
+    ),
+)
 
 
 @pytest.mark.parametrize("name", list(ERROR_CASES))

@@ -2,7 +2,9 @@
 // one row-major GEMM description (gemm/targets.h has the contract). Host-only.
 //
 //   L = lhs (M, K), or lhsᵀ when lhs_trans (stored (K, M));  R = rhs (K, N), or rhsᵀ when
-//   rhs_trans (stored (N, K));  out (M, N) = epilogue(L·R · lhs_scale_inv · rhs_scale_inv + bias)
+//   rhs_trans (stored (N, K));
+//   out (M, N) = epilogue(L·R · lhs_scale_inv · rhs_scale_inv + addend + bias)
+// (addend: cuBLASLt's C with beta = 1, out's shape and dtype, DEFAULT epilogue only)
 //
 // with an optional leading batch B on lhs, rhs, out and the aux buffers (a strided batch).
 #pragma once
@@ -45,6 +47,7 @@ struct GemmProblem {
   const void* rhs = nullptr;
   const void* bias = nullptr;    // nullptr: no bias
   const void* aux_in = nullptr;  // DGELU's pre-activation
+  const void* addend = nullptr;  // C, added to the scaled product; nullptr: none
   const float* lhs_scale_inv = nullptr;
   const float* rhs_scale_inv = nullptr;
   void* out = nullptr;
@@ -77,6 +80,7 @@ inline std::string GemmProblem::describe() const {
                   " K=" + std::to_string(k) + ", epilogue " +
                   std::to_string(static_cast<int64_t>(epilogue));
   if (bias) s += ", bias";
+  if (addend) s += ", addend";
   if (deterministic) s += ", deterministic";
   return s;
 }
@@ -109,7 +113,7 @@ inline bool absent(ffi::AnyBuffer b) { return b.element_count() == 0; }
 inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                               ffi::AnyBuffer bias, ffi::AnyBuffer aux_in,
                               ffi::AnyBuffer lhs_scale_inv, ffi::AnyBuffer rhs_scale_inv,
-                              ffi::AnyBuffer* out, ffi::AnyBuffer* aux_out,
+                              ffi::AnyBuffer addend, ffi::AnyBuffer* out, ffi::AnyBuffer* aux_out,
                               ffi::AnyBuffer* dbias, ffi::AnyBuffer* workspace, bool lhs_trans,
                               bool rhs_trans, GemmEpilogue epilogue, bool grad_bias,
                               bool split_accumulator, bool deterministic, const char* op) {
@@ -216,6 +220,16 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
     p.dbias = dbias->untyped_data();
   } else if (dbias->element_count() != 0) {
     return invalid(op, "dbias must be empty unless grad_bias");
+  }
+  if (!absent(addend)) {
+    if (epilogue != GemmEpilogue::DEFAULT)
+      return invalid(op, "the addend is added with the DEFAULT epilogue only");
+    if (addend.element_type() != p.out_type || !same_dims(addend.dimensions(),
+                                                          out->dimensions()))
+      return invalid(op, "addend must have out's shape " + dims_str(out->dimensions()) +
+                             " and dtype, got " + dims_str(addend.dimensions()) + " " +
+                             gemm_dtype_name(addend.element_type()));
+    p.addend = addend.untyped_data();
   }
   if (lhs_scale_inv.element_type() != ffi::DataType::F32 || lhs_scale_inv.element_count() != 1 ||
       rhs_scale_inv.element_type() != ffi::DataType::F32 || rhs_scale_inv.element_count() != 1)

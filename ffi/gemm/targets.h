@@ -5,7 +5,8 @@
 // te_jax_gemm
 //   args  lhs (B?, M, K) or stored (B?, K, M) with lhs_trans; rhs (B?, K, N) or stored (B?, N, K)
 //         with rhs_trans; bias (N,) in out's dtype or (0,); aux_in (B?, M, N) (DGELU) or (0,);
-//         lhs_scale_inv f32[1]; rhs_scale_inv f32[1] (FP8 dequantization scales; 1 otherwise)
+//         lhs_scale_inv f32[1]; rhs_scale_inv f32[1] (FP8 dequantization scales; 1 otherwise);
+//         addend (B?, M, N) in out's dtype or (0,) (C, added with beta = 1; DEFAULT epilogue)
 //   rets  out (B?, M, N); aux_out (B?, M, N) for GELU_AUX or (0,); dbias (N,) for grad_bias or
 //         (0,); workspace u8[bytes]
 //   attrs lhs_trans, rhs_trans (bool), epilogue (GemmEpilogue, int64), grad_bias,
@@ -39,6 +40,7 @@ struct Gemm {
         .template Arg<ffi::AnyBuffer>()  // aux_in
         .template Arg<ffi::AnyBuffer>()  // lhs_scale_inv
         .template Arg<ffi::AnyBuffer>()  // rhs_scale_inv
+        .template Arg<ffi::AnyBuffer>()  // addend
         .template Ret<ffi::AnyBuffer>()  // out
         .template Ret<ffi::AnyBuffer>()  // aux_out
         .template Ret<ffi::AnyBuffer>()  // dbias
@@ -54,12 +56,13 @@ struct Gemm {
   template <class Backend, ffi::ExecutionStage S>
   static ffi::Error impl(ContextArg<Backend> ctx, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                          ffi::AnyBuffer bias, ffi::AnyBuffer aux_in,
-                         ffi::AnyBuffer lhs_scale_inv, ffi::AnyBuffer rhs_scale_inv, Ret out,
+                         ffi::AnyBuffer lhs_scale_inv, ffi::AnyBuffer rhs_scale_inv,
+                         ffi::AnyBuffer addend, Ret out,
                          Ret aux_out, Ret dbias, Ret workspace, bool lhs_trans, bool rhs_trans,
                          GemmEpilogue epilogue, bool grad_bias, bool split_accumulator,
                          bool deterministic) {
     GemmProblem p;
-    if (auto e = decode_gemm(p, lhs, rhs, bias, aux_in, lhs_scale_inv, rhs_scale_inv, &*out,
+    if (auto e = decode_gemm(p, lhs, rhs, bias, aux_in, lhs_scale_inv, rhs_scale_inv, addend, &*out,
                              &*aux_out, &*dbias, &*workspace, lhs_trans, rhs_trans, epilogue,
                              grad_bias, split_accumulator, deterministic, kName);
         e.failure()) {

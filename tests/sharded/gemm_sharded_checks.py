@@ -120,6 +120,41 @@ def test_forward_layouts(case, bias, rng):
         assert op != "all-gather" or shape[0] == K, (shape, "not the weight")
 
 
+ADDEND_LAYOUTS = ["row", "dp_tp_row", "dp_tp_column", "fsdp"]
+
+
+@pytest.mark.parametrize("case", [c for c in FORWARD if c[0] in ADDEND_LAYOUTS], ids=ADDEND_LAYOUTS)
+def test_addend_layouts(case, rng):
+    """x · w + c + b with c laid out as the output: the unsharded result and no collective
+    beyond the layout's own (under a split k, c joins after the all-reduce, once)."""
+    name, mesh, ls, rs, os_, want = case
+    lhs, rhs = _operands(rng, (M, K), (K, N))
+    b = jnp.asarray(rng.uniform(-1, 1, (N,)), jnp.float32)
+    c = jnp.asarray(rng.uniform(-1, 1, (M, N)), jnp.float32)
+
+    def f(lhs, rhs, b, c):
+        return (bind_gemm(lhs, rhs, b, addend=c).out,)
+
+    text, (out,) = _run(mesh, (ls, rs, P(rs[1]), os_), (os_,), f, lhs, rhs, b, c)
+    _close(out, bind_gemm(lhs, rhs, b, addend=c, implementation="xla").out)
+    assert counts(text) == want, hlo_collectives(text)
+
+
+def test_addend_after_reduce_scatter(rng):
+    """xᵀ · dh + c with the rows split and the result wanted split (FSDP's wgrad form): one
+    reduce-scatter, then c's own shard added."""
+    x, dh = _operands(rng, (M, K), (M, N))
+    c = jnp.asarray(rng.uniform(-1, 1, (K, N)), jnp.float32)
+
+    def f(x, dh, c):
+        return (bind_gemm(x, dh, lhs_trans=True, addend=c).out,)
+
+    specs = (P("x", None), P("x", None), P("x", None))
+    text, (out,) = _run(MESH_1D, specs, (P("x", None),), f, x, dh, c)
+    _close(out, bind_gemm(x, dh, lhs_trans=True, addend=c, implementation="xla").out)
+    assert counts(text) == {"reduce-scatter": 1}, counts(text)
+
+
 @pytest.mark.parametrize("fsdp", [False, True], ids=["dp", "fsdp"])
 def test_wgrad_over_split_rows(fsdp, rng):
     """dkernel = xᵀ · dh with the rows split over the data axis: one all-reduce, or with the

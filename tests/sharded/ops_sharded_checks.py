@@ -116,24 +116,61 @@ def _sharded(model_name, recipe, strategy):
     return compiled(*placed), hlo_collectives(compiled.as_text())
 
 
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
-@pytest.mark.parametrize("recipe", list(RECIPES))
-def test_step_equals_unsharded_with_the_modules_collectives(recipe, strategy):
-    got, colls = _sharded("ops", recipe, strategy)
-    want = _unsharded("ops", recipe)
+def _assert_close(got, want, recipe):
+    """Each output and gradient within the norm-wise tolerance of the recipe: bf16, a rounding
+    of float32 sums taken in another order; FP8, a split sum may move a value across an FP8
+    rounding boundary (one code step, 2^-3 of it, in a few elements)."""
+    rtol = 2**-7 if recipe == "bf16" else 2**-4
     for (path, g), (_, w) in zip(
         jax.tree_util.tree_leaves_with_path(got),
         jax.tree_util.tree_leaves_with_path(want),
         strict=True,
     ):
         g64, w64 = np.asarray(g, np.float64), np.asarray(w, np.float64)
-        # bf16: a rounding of float32 sums taken in another order; FP8: a split sum may move a
-        # value across an FP8 rounding boundary (one code step, 2^-3 of it, in a few elements).
-        rtol = 2**-7 if recipe == "bf16" else 2**-4
         err = np.linalg.norm(g64 - w64) / max(np.linalg.norm(w64), 1e-30)
         assert err <= rtol, (jax.tree_util.keystr(path), err)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_step_equals_unsharded_with_the_modules_collectives(recipe, strategy):
+    got, colls = _sharded("ops", recipe, strategy)
+    _assert_close(got, _unsharded("ops", recipe), recipe)
     _, module_colls = _sharded("module", recipe, strategy)
     data = sorted(c for c in colls if c[1] not in ((), (1,)))
     module_data = sorted(c for c in module_colls if c[1] not in ((), (1,)))
     assert data == module_data, (data, module_data)
     assert data, "a DP x TP step with no collective"
+
+
+def _swiglu_and_linear_bias_add(recipe):
+    """A SwiGLU MLP (its column-parallel Linear viewed (H, 2, I/2), both halves on each shard)
+    and a column-parallel [Linear, Bias, AddResidual] (ForwardLinearBiasAdd: the residual is the
+    GEMM's addend, split as its output is)."""
+    return ops.Sequential(
+        ops.LayerNorm(H),
+        ops.Linear(H, 2 * INTER, parallel_mode="column"),
+        ops.Bias(2 * INTER),
+        ops.Activation("swiglu"),
+        ops.Linear(INTER, H, parallel_mode="row"),
+        ops.Bias(H, bias_axes=(EMBED,)),
+        ops.AddResidual(),
+        ops.Linear(H, H, parallel_mode="column"),
+        ops.Bias(H, bias_axes=(MLP,)),
+        ops.AddResidual(),
+        recipe=recipe,
+        rngs=nnx.Rngs(0),
+    )
+
+
+MODELS["swiglu_add"] = _swiglu_and_linear_bias_add
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_swiglu_and_linear_bias_add_under_dp_tp(recipe):
+    """The gated layout and ForwardLinearBiasAdd under DP×TP: the unsharded step's output and
+    gradients."""
+    plan = [repr(op) for op in _swiglu_and_linear_bias_add(None).fused_plan()]
+    assert plan[1].startswith("MLP(") and plan[-1].startswith("ForwardLinearBiasAdd("), plan
+    got, _ = _sharded("swiglu_add", recipe, "dp_tp")
+    _assert_close(got, _unsharded("swiglu_add", recipe), recipe)

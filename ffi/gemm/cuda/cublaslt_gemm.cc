@@ -2,7 +2,8 @@
 //   D (N x M, ld N) = op(A) · op(B),  A := rhs, B := lhs
 // (a row-major (M, N) array is a column-major N x M one): opA = T when rhs is stored (N, K),
 // opB = T when lhs is stored (K, M). FP8's TN rule is then cuBLASLt's opA = T, opB = N. The bias
-// (length N) is cuBLASLt's per-row bias of D; aux buffers have D's layout.
+// (length N) is cuBLASLt's per-row bias of D; aux buffers and the addend (C, beta = 1) have D's
+// layout.
 //
 // Descriptors live on the stack (the *Init functions: no allocation); the algorithm comes from a
 // cache filled by the initialize stage, which times cuBLASLt's heuristic candidates for large
@@ -70,6 +71,13 @@ uint32_t alignment(const void* ptr) {
   return align;
 }
 
+// cuBLASLt's C and beta: the addend with beta = 1, or (C unread) out with beta = 0.
+const void* c_of(const GemmProblem& p) { return p.addend ? p.addend : p.out; }
+const float* beta_of(const GemmProblem& p) {
+  static const float one = 1.0f, zero = 0.0f;
+  return p.addend ? &one : &zero;
+}
+
 // Everything that changes the algorithm cuBLASLt picks.
 struct AlgoKey {
   int device;
@@ -77,15 +85,15 @@ struct AlgoKey {
   int64_t batch, m, n, k;
   bool lhs_trans, rhs_trans;
   int epilogue;
-  bool bias, fast_accum;
+  bool bias, fast_accum, addend;
   size_t workspace_bytes;
-  uint32_t align_lhs, align_rhs, align_out;
+  uint32_t align_lhs, align_rhs, align_out, align_addend;
   bool deterministic;  // never served a timed choice, nor serves its untimed one to others
 
   auto tie() const {
     return std::tie(device, lhs_type, rhs_type, out_type, batch, m, n, k, lhs_trans, rhs_trans,
-                    epilogue, bias, fast_accum, workspace_bytes, align_lhs, align_rhs,
-                    align_out, deterministic);
+                    epilogue, bias, fast_accum, addend, workspace_bytes, align_lhs, align_rhs,
+                    align_out, align_addend, deterministic);
   }
   bool operator<(const AlgoKey& o) const { return tie() < o.tie(); }
 };
@@ -155,7 +163,7 @@ ffi::Error describe(const CublasLt& lt, const char* op, const GemmProblem& p, De
     TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast), "set FAST_ACCUM");
   }
 
-  // Column-major layouts (rows, cols, ld) of A = rhs, B = lhs, C = D = out.
+  // Column-major layouts (rows, cols, ld) of A = rhs, B = lhs, C (the addend) and D = out.
   const bool rt = p.rhs_trans, lt_ = p.lhs_trans;
   auto layout = [&](cublasLtMatrixLayoutOpaque_t& l, ffi::DataType t, uint64_t rows,
                     uint64_t cols, int64_t ld, int64_t stride) -> cublasStatus_t {
@@ -181,8 +189,8 @@ AlgoKey key_of(int device, const GemmProblem& p) {
   return AlgoKey{device, static_cast<int>(p.lhs_type), static_cast<int>(p.rhs_type),
                  static_cast<int>(p.out_type), p.batch, p.m, p.n, p.k, p.lhs_trans, p.rhs_trans,
                  static_cast<int>(lt_epilogue(p)), p.bias != nullptr,
-                 !p.split_accumulator, p.workspace_bytes, alignment(p.lhs), alignment(p.rhs),
-                 alignment(p.out), p.deterministic};
+                 !p.split_accumulator, p.addend != nullptr, p.workspace_bytes, alignment(p.lhs),
+                 alignment(p.rhs), alignment(p.out), alignment(c_of(p)), p.deterministic};
 }
 
 // The split-K reductions any algorithm may use: none, or float32 partial sums kept in the
@@ -266,10 +274,10 @@ int fastest(const CublasLt& lt, cublasLtHandle_t handle, const GemmProblem& p, D
     cudaEventDestroy(start);
     return -1;
   }
-  const float one = 1.0f, zero = 0.0f;
+  const float one = 1.0f;
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return lt.matmul(handle, &ds.op, &one, p.rhs, &ds.a, p.lhs, &ds.b, &zero, p.out, &ds.c,
-                     p.out, &ds.d, &algo, p.workspace, p.workspace_bytes, stream) ==
+    return lt.matmul(handle, &ds.op, &one, p.rhs, &ds.a, p.lhs, &ds.b, beta_of(p), c_of(p),
+                     &ds.c, p.out, &ds.d, &algo, p.workspace, p.workspace_bytes, stream) ==
            CUBLAS_STATUS_SUCCESS;
   };
   bool usable[kMaxCandidates] = {};
@@ -318,7 +326,8 @@ ffi::Error pick_algo(const CublasLt& lt, const char* op, cublasLtHandle_t handle
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws), "set MAX_WORKSPACE_BYTES");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_rhs), "set ALIGNMENT_A");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_lhs), "set ALIGNMENT_B");
-  TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_out), "set ALIGNMENT_C");
+  TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_addend),
+            "set ALIGNMENT_C");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out), "set ALIGNMENT_D");
   TE_JAX_LT(set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, kReductionSchemes),
             "set REDUCTION_SCHEME");
@@ -417,10 +426,10 @@ ffi::Error GemmBackend::run(const char* op, const GemmProblem& p, cudaStream_t s
   cublasLtMatmulAlgo_t algo;
   if (auto e = prepare(*lt, op, p, ds, stream, kLoadOnly<S>, &handle, &algo); e.failure()) return e;
   if constexpr (kLoadOnly<S>) return ffi::Error::Success();
-  const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t st = lt->matmul(handle, &ds.op, &one, p.rhs, &ds.a, p.lhs, &ds.b, &zero, p.out,
-                                 &ds.c, p.out, &ds.d, &algo, p.workspace, p.workspace_bytes,
-                                 stream);
+  const float one = 1.0f;
+  cublasStatus_t st = lt->matmul(handle, &ds.op, &one, p.rhs, &ds.a, p.lhs, &ds.b, beta_of(p),
+                                 c_of(p), &ds.c, p.out, &ds.d, &algo, p.workspace,
+                                 p.workspace_bytes, stream);
   if (st != CUBLAS_STATUS_SUCCESS)
     return ffi::Error::Internal(std::string(op) + ": cublasLtMatmul failed: " +
                                 lt->status_string(st) + " (" + p.describe() + ")");

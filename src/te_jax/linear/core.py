@@ -435,16 +435,25 @@ class Residuals(NamedTuple):
 # ---- forward --------------------------------------------------------------------------------
 
 
-def forward(x, kernel, bias, qs, cfg: DenseConfig, residuals: bool):
-    """``y (*lead, *out_features)``, and with ``residuals`` the ``Residuals`` of the backward."""
+def forward(x, kernel, bias, qs, cfg: DenseConfig, residuals: bool, addend=None):
+    """``y (*lead, *out_features)``, and with ``residuals`` the ``Residuals`` of the backward.
+
+    ``addend`` (``y``'s shape, no activation): added in the GEMM's pass, ``y = x·k + addend +
+    bias`` with one rounding (its gradient is the caller's: ``dy`` itself)."""
     v = views(tuple(x.shape)[: len(x.shape) - len(cfg.contract)], cfg)
     ep = epilogue_for(cfg, residuals)
+    if addend is not None:
+        if cfg.act is not None:
+            raise ValueError(f"{cfg.where}: an addend is added only without an activation")
+        addend = addend.astype(cfg.dtype).reshape(v.rows + cfg.features)
     if qs is None:
         # The kernel's output axes stay apart ((K, 2, N) for a gated kernel: a mesh axis can
         # split N with both halves on each shard); the GEMM folds them locally.
         x2 = x.reshape(v.rows + (v.k,))
         k2 = kernel.reshape((v.k,) + cfg.features)
-        r = matmul(x2, k2, bias=bias, epilogue=ep, implementation=cfg.implementation)
+        r = matmul(
+            x2, k2, bias=bias, addend=addend, epilogue=ep, implementation=cfg.implementation
+        )
         y, act_in = _activate(r.out, cfg, ep, r.aux, v)
         res = Residuals(x2, k2, act_in, None, None, None) if residuals else None
         return _unflatten_y(y, v, cfg), res
@@ -459,6 +468,7 @@ def forward(x, kernel, bias, qs, cfg: DenseConfig, residuals: bool):
         lhs_shape=v.rows + (v.k,),
         rhs_shape=(v.k,) + kf,
         bias=b1,
+        addend=None if addend is None else addend.reshape(v.rows + kf),
         epilogue=ep,
         out_dtype=cfg.dtype,
         implementation=cfg.implementation,

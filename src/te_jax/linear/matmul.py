@@ -50,12 +50,14 @@ def matmul(
     rhs_contracts_trailing: bool = False,
     bias: jax.Array | None = None,
     aux: jax.Array | None = None,
+    addend: jax.Array | None = None,
     epilogue: GemmEpilogue = GemmEpilogue.DEFAULT,
     grad_bias: bool = False,
     out_dtype=None,
     implementation: str | None = None,
 ) -> GemmResult:
-    """``epilogue(lhs · rhs + bias)`` over ``k_ndim`` contracted axes (module docstring).
+    """``epilogue(lhs · rhs + addend + bias)`` over ``k_ndim`` contracted axes (module
+    docstring).
 
     Args:
       lhs, rhs: arrays of one dtype, or two ``ScaledTensor``s of one scaling mode holding the
@@ -64,7 +66,8 @@ def matmul(
       lhs_shape, rhs_shape: the logical shapes to view the operands as (reshapes of their own
         shapes; default: their shapes).
       lhs_contracts_leading, rhs_contracts_trailing: the layout (module docstring).
-      bias, aux, epilogue, grad_bias: as ``te_jax.primitives.gemm.bind_gemm``'s.
+      bias, aux, addend, epilogue, grad_bias: as ``te_jax.primitives.gemm.bind_gemm``'s
+        (addend in out's logical shape ``(*free_l, *N)``).
       out_dtype: the output dtype; default: the array operands' dtype, the quantized operands'
         ``dq_dtype``.
       implementation: ``None``, ``"ffi"`` or ``"xla"``.
@@ -85,6 +88,7 @@ def matmul(
     opts = dict(
         bias=bias,
         aux=aux,
+        addend=addend,
         epilogue=epilogue,
         grad_bias=grad_bias,
         implementation=implementation,

@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from te_jax.linear import core
@@ -198,12 +199,26 @@ def gated_activation_follows(following: Sequence[BasicOperation]) -> bool:
     return bool(rest) and isinstance(rest[0], Activation) and rest[0].act.is_gated
 
 
-def linear_forward(op: Linear, ctx, x, kernel, bias, qs, features=None, act=None, act_params=None):
+def linear_forward(
+    op: Linear,
+    ctx,
+    x,
+    kernel,
+    bias,
+    qs,
+    features=None,
+    act=None,
+    act_params=None,
+    addend=None,
+):
     """The GEMM of ``op`` (with ``bias`` and ``act`` in it where a fusion gives them): ``y`` or
     ``h``, and ``op``'s context filled (``core.Residuals`` without ``act_in``, the config of
     the GEMM alone, x's leading shape). ``features``: the kernel's output axes as the GEMM
     takes them (``(2, N)`` before a gated activation), by default ``op.output_view``. ``y``
     comes back flat ``(*lead, out_features)`` without ``act``.
+    ``addend`` (``(*lead, out_features)``, no ``act``): ``y = x·k + addend + bias``, in the
+    GEMM's own pass (one rounding) where it is in y's dtype; otherwise added to the rounded
+    ``y`` in float32 and rounded once more, as ``AddInput`` does.
     Returns ``(y, act_in)``: ``act_in`` what dact reads, in ``(*lead, *features)`` (``None``
     without ``act`` or a backward)."""
     features = tuple(features or op.output_view)
@@ -216,7 +231,10 @@ def linear_forward(op: Linear, ctx, x, kernel, bias, qs, features=None, act=None
         x, k, b, act, qs, act_params, ((-1,), (0,)), op.implementation, _WHERE, kernel_axes=axes
     )
     lead = tuple(x.shape)[:-1]
-    y, res = core.forward(x, k, b, qs, cfg, residuals=ctx.training)
+    late = addend is not None and np.dtype(addend.dtype) != np.dtype(cfg.dtype)
+    y, res = core.forward(
+        x, k, b, qs, cfg, residuals=ctx.training, addend=None if late else addend
+    )
     act_in = None
     if res is not None:
         act_in = res.act_in
@@ -232,6 +250,8 @@ def linear_forward(op: Linear, ctx, x, kernel, bias, qs, features=None, act=None
         act_in = act_in.reshape(lead + features)
     if act is None:
         y = y.reshape(lead + (op.out_features,))
+    if late:
+        y = (y.astype(jnp.float32) + addend.astype(jnp.float32)).astype(y.dtype)
     return y, act_in
 
 

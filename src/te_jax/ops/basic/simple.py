@@ -11,7 +11,7 @@ from flax import nnx
 
 from te_jax.ops.base import BasicOperation, OpArgs, OpGrads, plain
 
-__all__ = ["Identity", "Quantize", "Dropout", "AddResidual", "AddExtraInput"]
+__all__ = ["Identity", "Quantize", "Dropout", "AddInput", "AddResidual", "AddExtraInput"]
 
 
 class Identity(BasicOperation):
@@ -107,8 +107,9 @@ class Dropout(BasicOperation):
         return jnp.where(keep, dy * jnp.asarray(ctx.scale, dy.dtype), 0), [OpGrads()]
 
 
-class _AddInput(BasicOperation):
-    """``y = x + r`` for an input ``r`` of x's shape, summed in float32 and rounded once."""
+class AddInput(BasicOperation):
+    """``y = x + r`` for an input ``r`` of x's shape, summed in float32 and rounded once to
+    x's dtype (the base of ``AddResidual`` and ``AddExtraInput``)."""
 
     def _other(self, sequence_input, extra_inputs):
         raise NotImplementedError
@@ -116,14 +117,20 @@ class _AddInput(BasicOperation):
     def op_args(self, sequence_input, extra_inputs) -> OpArgs:
         return OpArgs(extra={"input": self._other(sequence_input, extra_inputs)})
 
-    def op_forward(self, ctx, x, args, **_):
-        x = plain(x)
+    def added_input(self, args: OpArgs, shape) -> jax.Array:
+        """``r`` from this op's ``args``, checked against the shape of the tensor it is added
+        to."""
         r = args.extra["input"]
-        if jnp.shape(r) != x.shape:
+        if jnp.shape(r) != tuple(shape):
             raise ValueError(
                 f"te_jax.ops.{type(self).__name__}: the added input has shape {jnp.shape(r)}, "
-                f"the operation's input {x.shape}"
+                f"the operation's input {tuple(shape)}"
             )
+        return r
+
+    def op_forward(self, ctx, x, args, **_):
+        x = plain(x)
+        r = self.added_input(args, x.shape)
         return (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(x.dtype)
 
     def fuser_backward(self, ctxs, dy, *, prev_op_grad_output_quantizer):
@@ -131,14 +138,14 @@ class _AddInput(BasicOperation):
         return dy, [OpGrads(extra={"input": dy})]
 
 
-class AddResidual(_AddInput):
+class AddResidual(AddInput):
     """``y = x + the Sequential's input``: the residual connection around the block."""
 
     def _other(self, sequence_input, extra_inputs):
         return sequence_input
 
 
-class AddExtraInput(_AddInput):
+class AddExtraInput(AddInput):
     """``y = x + e``, ``e`` the next of the ``Sequential`` call's extra inputs
     (``seq(x, e)``)."""
 

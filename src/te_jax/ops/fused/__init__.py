@@ -8,13 +8,16 @@ from te_jax.ops.fused.linear_bias_activation import (
     ForwardLinearBiasActivation,
     fuse_forward_linear_bias_activation,
 )
+from te_jax.ops.fused.linear_bias_add import ForwardLinearBiasAdd, fuse_forward_linear_bias_add
 from te_jax.ops.fused.mlp import MLP, fuse_mlp
 
 __all__ = [
     "MLP",
     "fuse_mlp",
     "ForwardLinearBiasActivation",
+    "ForwardLinearBiasAdd",
     "BackwardActivationBias",
     "fuse_forward_linear_bias_activation",
+    "fuse_forward_linear_bias_add",
     "fuse_backward_activation_bias",
 ]

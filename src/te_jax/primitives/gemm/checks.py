@@ -182,6 +182,14 @@ def check_epilogue(epilogue, bias, aux, grad_bias):
     return epilogue
 
 
+def check_addend_epilogue(addend, epilogue) -> None:
+    if addend is not None and epilogue != GemmEpilogue.DEFAULT:
+        raise ValueError(
+            f"{_WHERE}: an addend is added with epilogue GemmEpilogue.DEFAULT only, got epilogue "
+            f"{epilogue}: add it after the GEMM, or leave the epilogue out"
+        )
+
+
 def check_epilogue_input(what, a, shape, out_dtype):
     a = jnp.asarray(a)
     if tuple(a.shape) != tuple(shape):

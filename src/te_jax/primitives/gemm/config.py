@@ -36,6 +36,8 @@ class GemmConfig:
         reductions that are bitwise reproducible (``te_jax.dispatch.deterministic_gemm``).
       k_ndim, n_ndim: how many axes form the contraction K and the output's columns N
         (``groups.py``).
+      addend: an addend of out's shape is added to the scaled product before the bias
+        (cuBLASLt's ``C`` with ``beta = 1``; the ``DEFAULT`` epilogue only).
     """
 
     lhs_trans: bool = False
@@ -47,6 +49,7 @@ class GemmConfig:
     deterministic: bool = False
     k_ndim: int = 1
     n_ndim: int = 1
+    addend: bool = False
 
     def replace(self, **changes) -> GemmConfig:
         return dataclasses.replace(self, **changes)

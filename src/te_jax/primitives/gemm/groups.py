@@ -5,7 +5,7 @@ as groups of axes, e.g. a gated kernel ``(H, 2, I)`` as ``K = (H,)``, ``N = (2, 
 
     lhs   (batch..., M, *Kd)   or, lhs_trans,  (batch..., *Kd, M)
     rhs   ([batch...], *Kd, *F) or, rhs_trans, ([batch...], *F, *Kd)
-    out   (batch..., M, *F);  bias, dbias  F;  aux  out's shape
+    out   (batch..., M, *F);  bias, dbias  F;  aux, addend  out's shape
 
 The local computation folds each group into one axis (a free reshape of a contiguous array)
 and runs the one-K, one-N GEMM; the shapes the partitioner sees keep the groups, so a mesh axis
@@ -70,13 +70,13 @@ def rhs_kd(rhs_shape, rhs_trans: bool, k_ndim: int, n_ndim: int) -> tuple[int, .
 
 
 def grouped(fn: Callable) -> Callable:
-    """``fn(lhs, rhs, bias, aux, lhs_si, rhs_si, config)`` (the one-K, one-N GEMM) on grouped
-    operands: folds the groups, runs ``fn`` with ``config.flat``, and gives its results their
-    groups back."""
+    """``fn(lhs, rhs, bias, aux, lhs_si, rhs_si, addend, config)`` (the one-K, one-N GEMM) on
+    grouped operands: folds the groups, runs ``fn`` with ``config.flat``, and gives its results
+    their groups back."""
 
-    def run(lhs, rhs, bias, aux, lhs_si, rhs_si, config: GemmConfig):
+    def run(lhs, rhs, bias, aux, lhs_si, rhs_si, addend, config: GemmConfig):
         if config.is_flat:
-            return fn(lhs, rhs, bias, aux, lhs_si, rhs_si, config)
+            return fn(lhs, rhs, bias, aux, lhs_si, rhs_si, addend, config)
         lt, rt = config.lhs_trans, config.rhs_trans
         g = groups(lhs.shape, rhs.shape, lt, rt, config.k_ndim, config.n_ndim)
         lhs_shape, rhs_shape, _ = arrange(g.batch, g.m, (g.k,), (g.n,), lt, rt, g.shared_rhs)
@@ -85,7 +85,9 @@ def grouped(fn: Callable) -> Callable:
             bias = bias.reshape(g.n)
         if config.reads_aux:
             aux = aux.reshape(g.batch + (g.m, g.n))
-        outs = fn(lhs, rhs, bias, aux, lhs_si, rhs_si, config.flat)
+        if config.addend:
+            addend = addend.reshape(g.batch + (g.m, g.n))
+        outs = fn(lhs, rhs, bias, aux, lhs_si, rhs_si, addend, config.flat)
         out_shape = g.batch + (g.m,) + g.f
         return [
             o.reshape(want) for o, want in zip(outs, config.results(out_shape, g.f), strict=True)

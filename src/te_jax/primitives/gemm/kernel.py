@@ -5,6 +5,7 @@ contract's rank-2 or rank-3 form, with the cases the contract does not take hand
 * A shared weight under batch axes (rows contiguous): one GEMM over all rows.
 * A batched ``grad_bias``: cuBLASLt's BGRAD reduces one GEMM, so the batch's rounded outputs
   are summed here.
+* An addend: cuBLASLt's ``C`` (``beta = 1``), of out's layout.
 * **The one float32 fallback** for FP8 operands cuBLASLt's FP8 GEMM cannot take (K or N not a
   multiple of ``FP8_ALIGNMENT``, which a shard of a sharded GEMM can be too) and for an FP8
   GEMM with a float32 output and a bias (no such cuBLASLt epilogue): the kernel writes the float32
@@ -42,7 +43,7 @@ def dims(lhs_shape, rhs_shape, lhs_trans: bool, rhs_trans: bool):
 
 
 def kernel_results(
-    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config: GemmConfig, *, ffi_call=None
+    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config: GemmConfig, *, ffi_call=None
 ):
     """The local computation of one-K, one-N operands on te_jax's kernel.
 
@@ -51,7 +52,7 @@ def kernel_results(
     contract, to check the buffers off a GPU).
     """
     ffi_call = base.ffi_call if ffi_call is None else ffi_call
-    operands = (lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv)
+    operands = (lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend)
     batch, m, k, n = dims(lhs.shape, rhs.shape, config.lhs_trans, config.rhs_trans)
     if 0 in (math.prod(batch), m, k, n):  # nothing to multiply: acc = 0 (or no output at all)
         return reference_results(*operands, config)
@@ -59,6 +60,7 @@ def kernel_results(
         # A shared weight: the rows (batch..., M) are contiguous, one GEMM over all of them (one
         # BGRAD epilogue for dbias too).
         flat_aux = aux.reshape(-1, n) if config.reads_aux else aux
+        flat_addend = addend.reshape(-1, n) if config.addend else addend
         outs = kernel_results(
             lhs.reshape(-1, k),
             rhs,
@@ -66,6 +68,7 @@ def kernel_results(
             flat_aux,
             lhs_scale_inv,
             rhs_scale_inv,
+            flat_addend,
             config,
             ffi_call=ffi_call,
         )
@@ -85,16 +88,17 @@ def kernel_results(
         else:
             flat = (lhs, rhs, absent, absent, lhs_scale_inv, rhs_scale_inv)
             scales = (one, one)
-        plain = config.replace(epilogue=GemmEpilogue.DEFAULT, out_dtype=F32, grad_bias=False)
-        acc = kernel_results(*flat, plain, ffi_call=ffi_call)[0]
-        return epilogue(acc, bias, aux, *scales, config)
-    operands = (lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv)
+        plain = config.replace(
+            epilogue=GemmEpilogue.DEFAULT, out_dtype=F32, grad_bias=False, addend=False
+        )
+        acc = kernel_results(*flat, absent, plain, ffi_call=ffi_call)[0]
+        return epilogue(acc, bias, aux, *scales, addend, config)
     return _call(ffi_call, operands, config, batch, m, k, n)
 
 
 def _call(ffi_call, operands, config, batch, m, k, n):
     """The ``te_jax_gemm`` custom call, on ``(M, K)``-style or strided-batched operands."""
-    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv = operands
+    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend = operands
     out_shape = batch + (m, n)
     shared_rhs = rhs.ndim < lhs.ndim
     if shared_rhs and not config.lhs_trans:  # rows (batch..., M) are contiguous: fold them
@@ -109,6 +113,8 @@ def _call(ffi_call, operands, config, batch, m, k, n):
         call_shape = lhs.shape[:-2] + (m, n)
     if config.reads_aux:
         aux = aux.reshape(call_shape)
+    if config.addend:
+        addend = addend.reshape(call_shape)
     sds, out_dt = jax.ShapeDtypeStruct, config.out_dtype
     results = [
         sds(call_shape, out_dt),
@@ -125,6 +131,7 @@ def _call(ffi_call, operands, config, batch, m, k, n):
         aux,
         lhs_scale_inv,
         rhs_scale_inv,
+        addend,
         **config.ffi_attributes(),
     )
     outs = [out.reshape(out_shape)]

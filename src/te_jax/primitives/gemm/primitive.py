@@ -6,8 +6,11 @@ Row-major math, what JAX sees (``B`` is an optional batch of independent GEMMs):
     L   = lhs  (B?, M, K),  or with lhs_trans the transpose of lhs stored (B?, K, M)
     R   = rhs  (B?, K, N),  or with rhs_trans the transpose of rhs stored (B?, N, K)
     acc = float32(L @ R) · lhs_scale_inv · rhs_scale_inv      (float32 accumulation)
-    h   = acc + bias                                          (bias (N,), broadcast over B and M)
+    h   = (acc + addend) + bias        (addend (B?, M, N), out's; bias (N,), broadcast over B, M)
     out = epilogue(h), rounded once to out_dtype              (B?, M, N)
+
+The addend (cuBLASLt's ``C``, ``beta = 1``: e.g. a residual added in the GEMM's own pass) is
+taken with the ``DEFAULT`` epilogue only; absent, it is 0.
 
 The epilogue (``GemmEpilogue``) runs on the float32 ``h``; gelu is the tanh form of
 ``te_jax.activation_reference`` (the same math as the activation ops):
@@ -70,7 +73,7 @@ gemm_p = base.make_primitive("te_jax_gemm")
 
 
 @gemm_p.def_abstract_eval
-def _abstract(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, *, config: GemmConfig):
+def _abstract(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, *, config: GemmConfig):
     c = config
     g = groups(lhs.shape, rhs.shape, c.lhs_trans, c.rhs_trans, c.k_ndim, c.n_ndim)
     out = ShapedArray(g.batch + (g.m,) + g.f, c.out_dtype)
@@ -123,8 +126,8 @@ def _batch(args, dims, *, config: GemmConfig):
 
         outs = jax.vmap(one, in_axes=tuple(dims))(*args)
         return list(outs), [0] * len(outs)
-    lhs, rhs, bias, aux, lhs_si, rhs_si = args
-    ld, rd, bd, ad, lsd, rsd = dims
+    lhs, rhs, bias, aux, lhs_si, rhs_si, addend = args
+    ld, rd, bd, ad, lsd, rsd, cd = dims
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     operands_batched = ld is not None or rd is not None
     if (
@@ -133,12 +136,15 @@ def _batch(args, dims, *, config: GemmConfig):
         or rsd is not None
         or config.grad_bias
         or (ad is not None and not operands_batched)
+        or (cd is not None and not operands_batched)
     ):
         return _batch_epilogue_outside(args, dims, size, config)
     lhs, rhs = _batch_operands(lhs, ld, rhs, rd, size)
     if config.reads_aux:
         aux = batching.bdim_at_front(aux, ad, size)
-    outs = list(bind(gemm_p, lhs, rhs, bias, aux, lhs_si, rhs_si, config=config))
+    if config.addend:
+        addend = batching.bdim_at_front(addend, cd, size)
+    outs = list(bind(gemm_p, lhs, rhs, bias, aux, lhs_si, rhs_si, addend, config=config))
     return outs, [0] * len(outs)
 
 
@@ -149,11 +155,12 @@ def _bind(*operands):
 
 
 def _batch_epilogue_outside(args, dims, size, config: GemmConfig):
-    """A batched bias / scale_inv, a per-batch dbias or an aux batched alone: the GEMM writes the
-    unscaled float32 accumulator (16-bit operands widened exactly: the same products and float32
-    sums), and the scales and the epilogue run in JAX, vmapped, as in the reference."""
-    lhs, rhs, bias, aux, lhs_si, rhs_si = args
-    ld, rd, bd, ad, lsd, rsd = dims
+    """A batched bias / scale_inv, a per-batch dbias or an aux or addend batched alone: the GEMM
+    writes the unscaled float32 accumulator (16-bit operands widened exactly: the same products
+    and float32 sums), and the scales and the epilogue run in JAX, vmapped, as in the
+    reference."""
+    lhs, rhs, bias, aux, lhs_si, rhs_si, addend = args
+    ld, rd, bd, ad, lsd, rsd, cd = dims
     acc_dim = None
     if ld is not None or rd is not None:
         lhs, rhs = _batch_operands(lhs, ld, rhs, rd, size)
@@ -162,15 +169,22 @@ def _batch_epilogue_outside(args, dims, size, config: GemmConfig):
         lhs, rhs = formats.to_float32(lhs), formats.to_float32(rhs)
     one, absent = jnp.ones((1,), F32), jnp.zeros((0,), F32)
     plain = config.replace(
-        epilogue=GemmEpilogue.DEFAULT, out_dtype=F32, grad_bias=False, k_ndim=1, n_ndim=1
+        epilogue=GemmEpilogue.DEFAULT,
+        out_dtype=F32,
+        grad_bias=False,
+        k_ndim=1,
+        n_ndim=1,
+        addend=False,
     )
-    (acc,) = bind(gemm_p, lhs, rhs, absent, absent, one, one, config=plain)
+    (acc,) = bind(gemm_p, lhs, rhs, absent, absent, one, one, absent, config=plain)
 
-    def finish(acc, bias, aux, lhs_si, rhs_si):
-        return epilogue(acc, bias, aux, lhs_si, rhs_si, config)
+    def finish(acc, bias, aux, lhs_si, rhs_si, addend):
+        return epilogue(acc, bias, aux, lhs_si, rhs_si, addend, config)
 
-    in_axes = (acc_dim, bd, ad, lsd, rsd)
-    outs = jax.vmap(finish, in_axes=in_axes, axis_size=size)(acc, bias, aux, lhs_si, rhs_si)
+    in_axes = (acc_dim, bd, ad, lsd, rsd, cd)
+    outs = jax.vmap(finish, in_axes=in_axes, axis_size=size)(
+        acc, bias, aux, lhs_si, rhs_si, addend
+    )
     return list(outs), [0] * len(outs)
 
 
@@ -187,6 +201,7 @@ def bind_gemm(
     aux: jax.Array | None = None,
     lhs_scale_inv: jax.Array | None = None,
     rhs_scale_inv: jax.Array | None = None,
+    addend: jax.Array | None = None,
     *,
     lhs_trans: bool = False,
     rhs_trans: bool = False,
@@ -209,6 +224,8 @@ def bind_gemm(
         out_dtype.
       lhs_scale_inv, rhs_scale_inv: FP8 only: float32 scalars or ``(1,)`` that multiply the
         accumulator (dequantization); 1 when ``None``.
+      addend: out's shape, in out_dtype, added to the scaled product before the bias (one
+        rounding for the sum); ``DEFAULT`` epilogue only.
       lhs_trans, rhs_trans: whether lhs / rhs are stored transposed (FP8: False and True).
       epilogue: a ``GemmEpilogue`` (or its value or name, e.g. ``"gelu_aux"``).
       out_dtype: the operands' dtype (the default) for non-FP8 operands; float32, bfloat16 or
@@ -245,12 +262,17 @@ def bind_gemm(
         batch, m, f = g.batch, g.m, g.f
     out_dt = checks.check_out_dtype(out_dtype, lhs.dtype, fp8)
     epilogue = checks.check_epilogue(epilogue, bias, aux, grad_bias)
+    checks.check_addend_epilogue(addend, epilogue)
     absent = jnp.zeros((0,), out_dt)
     bias = absent if bias is None else checks.check_epilogue_input("bias", bias, f, out_dt)
     if aux is None:
         aux = absent
     else:
         aux = checks.check_epilogue_input("aux", aux, batch + (m,) + f, out_dt)
+    if addend is None:
+        addend = absent
+    else:
+        addend = checks.check_epilogue_input("addend", addend, batch + (m,) + f, out_dt)
     lhs_si = checks.check_scale_inv("lhs_scale_inv", lhs_scale_inv, fp8, lhs.dtype)
     rhs_si = checks.check_scale_inv("rhs_scale_inv", rhs_scale_inv, fp8, lhs.dtype)
     config = GemmConfig(
@@ -263,11 +285,12 @@ def bind_gemm(
         deterministic=deterministic_gemm(),
         k_ndim=int(k_ndim),
         n_ndim=int(n_ndim),
+        addend=addend.ndim > 1,
     )
     path = decide(
         "gemm", implementation, lhs.dtype, target=TARGET, kernel_dtypes=checks.KERNEL_DTYPES
     )
-    operands = (lhs, rhs, bias, aux, lhs_si, rhs_si)
+    operands = (lhs, rhs, bias, aux, lhs_si, rhs_si, addend)
     if path is Path.XLA:
         return config.unpack(grouped(reference_results)(*operands, config))
     return config.unpack(_bind(*operands, config))

@@ -46,15 +46,18 @@ def accumulate(lhs, rhs, config: GemmConfig, cdt) -> jax.Array:
     )
 
 
-def epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, config: GemmConfig) -> list:
-    """Everything after the accumulation: scales, bias, epilogue, one rounding; aux and dbias.
+def epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config: GemmConfig) -> list:
+    """Everything after the accumulation: scales, addend, bias, epilogue, one rounding; aux and
+    dbias.
 
     ``acc`` is the unscaled accumulator (float32, or float64 for float64 operands) of any
-    leading shape; dbias sums over every axis but the last.
+    leading shape; ``addend`` (with ``config.addend``) has acc's shape; dbias sums over every
+    axis but the last. The sums run in cuBLASLt's order: ``(acc · scales + addend) + bias``.
     """
     cdt = np.dtype(acc.dtype)
     acc = acc * lhs_scale_inv.astype(cdt)[0] * rhs_scale_inv.astype(cdt)[0]
-    h = acc + bias.astype(cdt) if bias.size else acc
+    h = acc + addend.astype(cdt) if config.addend else acc
+    h = h + bias.astype(cdt) if bias.size else h
     ep = config.epilogue
     if ep == GemmEpilogue.DGELU:
         y = acc * _gelu(aux.astype(cdt), None)[1]
@@ -73,9 +76,11 @@ def epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, config: GemmConfig) -
     return outs
 
 
-def reference_results(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config: GemmConfig):
+def reference_results(
+    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config: GemmConfig
+):
     """The primitive's results in pure JAX (one K axis, one N axis; ``split_accumulator`` and
     ``deterministic`` have no effect: the accumulation is always float32)."""
     cdt = F64 if np.dtype(config.out_dtype) == F64 else F32
     acc = accumulate(lhs, rhs, config, cdt)
-    return epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, config)
+    return epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config)

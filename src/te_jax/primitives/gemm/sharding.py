@@ -17,7 +17,9 @@ product elsewhere: the same partition on every platform) on its block:
   it just before the GEMM; the activation is never gathered. Where lhs and rhs split ``k``
   differently, lhs's split is kept and rhs is resharded to it.
 
-dbias (``grad_bias``) is psummed over the axes splitting the rows.
+dbias (``grad_bias``) is psummed over the axes splitting the rows. An addend is split as the
+output is; under a split ``k`` it is added after the reduction (each shard's partial product
+is reduced first), so once.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ __all__ = ["make_partitioned_gemm"]
 
 def _sharding_rule(config: GemmConfig, operand_types):
     """The Shardy rule: factors ``b…``, ``m``, ``k…`` (reduction factors), ``n…``."""
-    lhs, rhs, bias, aux, ls, rs = (t.shape for t in operand_types)
+    lhs, rhs, bias, aux, ls, rs, addend = (t.shape for t in operand_types)
     k_ndim, n_ndim = config.k_ndim, config.n_ndim
     b = [f"b{i}" for i in range(len(lhs) - 1 - k_ndim)]
     k = [f"k{i}" for i in range(k_ndim)]
@@ -50,6 +52,7 @@ def _sharding_rule(config: GemmConfig, operand_types):
         out if config.reads_aux else ["e1"] * len(aux),
         ["s0"] * len(ls),
         ["s1"] * len(rs),
+        out if config.addend else ["e2"] * len(addend),
     ]
     results = config.results(out, n)
     rule = (
@@ -123,22 +126,31 @@ def _partition(config: GemmConfig, local, mesh, arg_shapes, result_shape):
         out_spec if config.reads_aux else [None] * arg_shapes[3].ndim,
         [None] * arg_shapes[4].ndim,
         [None] * arg_shapes[5].ndim,
+        out_spec if config.addend else [None] * arg_shapes[6].ndim,
     ]
     arg_shardings = tuple(base.named(mesh, s) for s in arg_specs)
 
     out_shardings = [base.named(mesh, s) for s in config.results(out_spec, n)]
     row_axes = base.mesh_axes(b + [m])
 
-    def lower(lhs, rhs, bias, aux, lhs_si, rhs_si):
+    # Under a split k the addend joins after the reduction.
+    late_addend = bool(k_axes) and config.addend
+    local_config = config.replace(addend=False) if late_addend else config
+
+    def lower(lhs, rhs, bias, aux, lhs_si, rhs_si, addend):
         if k_axes and bias_present:
             bias = jnp.where(_first_shard(k_axes), bias, jnp.zeros_like(bias))
-        outs = list(local(lhs, rhs, bias, aux, lhs_si, rhs_si, config))
+        local_addend = jnp.zeros((0,), addend.dtype) if late_addend else addend
+        outs = list(local(lhs, rhs, bias, aux, lhs_si, rhs_si, local_addend, local_config))
         if scatter is not None:
             outs[0] = lax.psum_scatter(
                 outs[0], scatter[1], scatter_dimension=scatter[0], tiled=True
             )
         if psum_axes:
             outs[0] = lax.psum(outs[0], psum_axes)
+        if late_addend:
+            total = outs[0].astype(jnp.float32) + addend.astype(jnp.float32)
+            outs[0] = total.astype(config.out_dtype)
         if config.grad_bias and row_axes:
             dbias = lax.psum(outs[-1].astype(jnp.float32), row_axes)
             outs[-1] = dbias.astype(config.out_dtype)
@@ -181,12 +193,12 @@ def _first_shard(axes: tuple[str, ...]):
 
 
 def make_partitioned_gemm(local):
-    """``local(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, config)`` under
+    """``local(lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config)`` under
     ``custom_partitioning`` with the rule and partition above; the ``GemmConfig`` is its one
     static argument."""
 
-    def impl(lhs, rhs, bias, aux, ls, rs, config):
-        return local(lhs, rhs, bias, aux, ls, rs, config)
+    def impl(lhs, rhs, bias, aux, ls, rs, addend, config):
+        return local(lhs, rhs, bias, aux, ls, rs, addend, config)
 
     def partition(config, mesh, arg_shapes, result_shape):
         return _partition(config, local, mesh, arg_shapes, result_shape)
@@ -194,4 +206,4 @@ def make_partitioned_gemm(local):
     def sharding_rule(config, _mesh, operand_types, _result_types):
         return _sharding_rule(config, operand_types)
 
-    return base.make_partitioned(impl, 6, ("config",), partition, sharding_rule)
+    return base.make_partitioned(impl, 7, ("config",), partition, sharding_rule)
