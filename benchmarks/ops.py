@@ -42,8 +42,11 @@ A second table, one GEMM + bias + GELU forward + backward (the same loss and gra
 ops.Linear(K, N), ops.Bias(N), ops.Activation("gelu"))`` (fused: the bias and GELU in the
 GEMM's epilogue, dact + dbias in one pass), ``gemm:ops_unfused`` (``fuse=False``) and
 ``gemm:xla``, ``jax.nn.gelu(x @ w + b, approximate=True)`` jitted (w, b the Sequential's float32
-parameters cast to bf16, as the Linear does). Writes ``ops_<backend>.md`` / ``.json`` and, with
-``--plot`` (matplotlib), ``ops_<backend>.png`` under ``--out``.
+parameters cast to bf16, as the Linear does). A third, GEMM + bias + residual, M×K×K
+(8192×4096×4096 on a GPU): ``res:ops``, ``ops.Sequential(ops.Linear(K, K), ops.Bias(K),
+ops.AddResidual())`` (fused: ``ForwardLinearBiasAdd``, the residual the GEMM's addend),
+``res:ops_unfused`` and ``res:xla``, ``x @ w + b + x`` jitted. Writes ``ops_<backend>.md`` /
+``.json`` and, with ``--plot`` (matplotlib), ``ops_<backend>.png`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -79,7 +82,10 @@ from benchmarks._report import pyplot
 
 PRECISIONS = ("bf16", "delayed", "current")
 FAMILIES = ("te_nnx", "ops", "ops_unfused")
-GEMM_ROWS = ("gemm:ops", "gemm:ops_unfused", "gemm:xla")
+# The single-GEMM tables: each a Sequential whose forward is one fused GEMM, against XLA.
+GEMM_TABLES = ("gemm", "res")
+GEMM_TITLES = {"gemm": "GEMM + bias + GELU", "res": "GEMM + bias + residual"}
+GEMM_ROWS = tuple(f"{t}:{r}" for t in GEMM_TABLES for r in ("ops", "ops_unfused", "xla"))
 ROWS = ("flax:bf16",) + tuple(f"{f}:{p}" for p in PRECISIONS for f in FAMILIES) + GEMM_ROWS
 GEMM_GPU, GEMM_QUICK = (8192, 4096, 16384), (256, 128, 512)
 # The target: an ops row at >= 0.98x the speed of te_nnx of its precision (within 2%).
@@ -294,8 +300,29 @@ def run_block(block: str, shape: dict, rows: list[str], args) -> dict:
     return dict(block=block, tokens=tokens, hidden=hidden, intermediate=inter, rows=out_rows)
 
 
-def run_gemm(mkn: tuple[int, int, int], rows: list[str], args) -> dict:
-    """GEMM + bias + GELU, forward + backward: the Sequential fused and unfused, and XLA."""
+def _gemm_ops(table: str, k: int, n: int) -> tuple:
+    """The basic ops of a single-GEMM table's Sequential."""
+    from te_jax import ops
+
+    last = ops.Activation("gelu") if table == "gemm" else ops.AddResidual()
+    return ops.Linear(k, n), ops.Bias(n), last
+
+
+def _gemm_xla(table: str):
+    """What a JAX user writes for the table's block: ``f(params, x)``, jitted by the caller."""
+
+    def xla(p, x):
+        kernel, bias = p["kernel"].astype(x.dtype), p["bias"].astype(x.dtype)
+        if table == "gemm":
+            return jax.nn.gelu(x @ kernel + bias, approximate=True)
+        return x @ kernel + bias + x
+
+    return xla
+
+
+def run_gemm(table: str, mkn: tuple[int, int, int], rows: list[str], args) -> dict:
+    """One GEMM with its epilogue (``GEMM_TITLES``), forward + backward: the Sequential fused
+    and unfused, and XLA."""
     from flax import nnx
 
     from te_jax import ops
@@ -304,39 +331,35 @@ def run_gemm(mkn: tuple[int, int, int], rows: list[str], args) -> dict:
     sets = input_sets(m, k, n, args.sets, seed=1)
 
     def seq(fuse):
-        return ops.Sequential(
-            ops.Linear(k, n), ops.Bias(n), ops.Activation("gelu"), fuse=fuse, rngs=nnx.Rngs(0)
-        )
+        return ops.Sequential(*_gemm_ops(table, k, n), fuse=fuse, rngs=nnx.Rngs(0))
 
-    models = {"gemm:ops": seq(True), "gemm:ops_unfused": seq(False)}
-    nnx.update(models["gemm:ops_unfused"], nnx.state(models["gemm:ops"], nnx.Param))
+    fused_row, unfused_row, xla_row = (f"{table}:{r}" for r in ("ops", "ops_unfused", "xla"))
+    models = {fused_row: seq(True), unfused_row: seq(False)}
+    nnx.update(models[unfused_row], nnx.state(models[fused_row], nnx.Param))
     fns, meta, outs = {}, {}, {}
     for row, model in models.items():
         fns[row], meta[row], got, _ = _prepare(row, model, sets, args)
         outs[row] = got["out"]
 
-    def xla(p, x):
-        kernel, bias = p["kernel"].astype(x.dtype), p["bias"].astype(x.dtype)
-        return jax.nn.gelu(x @ kernel + bias, approximate=True)
-
-    lin, bias = models["gemm:ops"].ops[0], models["gemm:ops"].ops[1]
+    xla = _gemm_xla(table)
+    lin, bias = models[fused_row].ops[0], models[fused_row].ops[1]
     params = {"kernel": lin.kernel[...], "bias": bias.bias[...]}
     step = jax.jit(value_and_grads(xla))
-    meta["gemm:xla"] = _compiled(step, params, *sets[0])
-    fns["gemm:xla"] = functools.partial(step, params)
+    meta[xla_row] = _compiled(step, params, *sets[0])
+    fns[xla_row] = functools.partial(step, params)
     ref = jax.jit(xla)(params, sets[0][0])
     for row, y in outs.items():
         meta[row]["errors"] = {"out": float(_rel(y, ref))}
-    order = [r for r in GEMM_ROWS if r in rows]
+    order = [r for r in GEMM_ROWS if r in rows and r.startswith(f"{table}:")]
     timings, clocks = timed({r: fns[r] for r in order}, sets, args)
     out_rows = []
     for row in order:
         r = {**row_record(row, timings[row], clocks, 6 * m * k * n), **meta[row]}
-        base = timings.get("gemm:xla")
+        base = timings.get(xla_row)
         r["speedup"] = None if base is None else base.median_s / timings[row].median_s
         r["err"] = r["errors"]["out"] if r.get("errors") else None
         out_rows.append(r)
-    return {"m": m, "k": k, "n": n, "rows": out_rows}
+    return {"table": table, "m": m, "k": k, "n": n, "rows": out_rows}
 
 
 def checks(result: dict) -> list[str]:
@@ -374,12 +397,13 @@ def checks(result: dict) -> list[str]:
                         f"{ref['peak_bytes'] / 2**20:.1f} MiB ({more / 2**10:+.1f} KiB; wanted "
                         f"at most {100 * PEAK_SLACK:.0f}% more)"
                     )
-    gemm = {r["row"]: r for r in (result.get("gemm") or {}).get("rows", [])}
-    for row in ("gemm:ops", "gemm:ops_unfused"):
-        if row in gemm and gemm[row]["speedup"] is not None:
-            lines.append(
-                f"INFO  {row} {gemm[row]['speedup']:.3f}x gemm:xla (GEMM + bias + GELU step)"
-            )
+    for g in result.get("gemms", []):
+        for r in g["rows"]:
+            if not r["row"].endswith(":xla") and r["speedup"] is not None:
+                lines.append(
+                    f"INFO  {r['row']} {r['speedup']:.3f}x {g['table']}:xla "
+                    f"({GEMM_TITLES[g['table']]} step)"
+                )
     return lines
 
 
@@ -429,8 +453,9 @@ def section_markdown(sec: dict) -> list[str]:
 
 
 def gemm_markdown(g: dict) -> list[str]:
-    out = [f"## GEMM + bias + GELU, forward + backward: {g['m']}x{g['k']}x{g['n']} (M x K x N)", ""]
-    cols = [("speedup vs gemm:xla", "speedup")]
+    title = GEMM_TITLES[g["table"]]
+    out = [f"## {title}, forward + backward: {g['m']}x{g['k']}x{g['n']} (M x K x N)", ""]
+    cols = [(f"speedup vs {g['table']}:xla", "speedup")]
     errs = [("‖Δ‖/‖ref‖ vs xla", "err")]
     return out + _table(g["rows"], cols, errs) + [""] + _plans(g["rows"])
 
@@ -450,8 +475,8 @@ def markdown(result: dict) -> str:
     ]
     for sec in result["blocks"]:
         out += section_markdown(sec)
-    if result.get("gemm"):
-        out += gemm_markdown(result["gemm"])
+    for g in result.get("gemms", []):
+        out += gemm_markdown(g)
     out += ["## Checks", "", "```", *result["checks"], "```", ""]
     return "\n".join(out)
 
@@ -464,17 +489,18 @@ def plot(result: dict, path: str) -> str | None:
     if plt is None:
         return None
     panels = [(f"{s['block']} (I={s['intermediate']})", s["rows"]) for s in result["blocks"]]
-    if result.get("gemm"):
-        g = result["gemm"]
-        panels.append((f"GEMM+bias+GELU {g['m']}x{g['k']}x{g['n']}", g["rows"]))
+    for g in result.get("gemms", []):
+        title = GEMM_TITLES[g["table"]].replace(" ", "")
+        panels.append((f"{title} {g['m']}x{g['k']}x{g['n']}", g["rows"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (title, rows) in zip(axes[0], panels, strict=True):
-        fams = [r["row"].split(":")[-1 if r["row"].startswith("gemm") else 0] for r in rows]
+        single = rows[0]["row"].split(":")[0] in GEMM_TABLES
+        fams = [r["row"].split(":")[-1 if single else 0] for r in rows]
         ratios = [r.get("vs_te_nnx", r.get("speedup")) for r in rows]
         labels = [None if v is None else f"{v:.2f}x" for v in ratios]
         bar_panel(ax, rows, [COLORS.get(f, "gray") for f in fams], labels, title)
     fig.suptitle(
-        f"te_jax.ops step, {result['meta']['device']} (labels: speed vs te_nnx; GEMM: vs xla)",
+        f"te_jax.ops step, {result['meta']['device']} (labels: speed vs te_nnx; GEMMs: vs xla)",
         fontsize=11,
     )
     return save_figure(plt, fig, path)
@@ -488,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--gemm",
         default=None,
-        help="MxKxN of the GEMM + bias + GELU table (GPU 8192x4096x16384, else 256x128x512)",
+        help="MxKxN of the GEMM + bias + GELU table (GPU 8192x4096x16384, else 256x128x512); "
+        "the residual table takes M x K x K",
     )
     p.add_argument(
         "--nnx-jit",
@@ -510,14 +537,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     meta = run_meta("benchmarks.ops", argv, args)
     result = {"meta": {**meta, "quick": args.quick, "nnx_jit": args.nnx_jit}, "blocks": []}
-    if any(r.split(":")[0] != "gemm" for r in rows):
+    if any(r.split(":")[0] not in GEMM_TABLES for r in rows):
         for block in blocks:
             sec = run_block(block, shape, rows, args)
             result["blocks"].append(sec)
             print("\n".join(section_markdown(sec)), flush=True)
-    if any(r in GEMM_ROWS for r in rows):
-        result["gemm"] = run_gemm(gemm, rows, args)
-        print("\n".join(gemm_markdown(result["gemm"])), flush=True)
+    result["gemms"] = []
+    for table in GEMM_TABLES:
+        if any(r.startswith(f"{table}:") for r in rows):
+            m, k, n = gemm if table == "gemm" else (gemm[0], gemm[1], gemm[1])
+            result["gemms"].append(run_gemm(table, (m, k, n), rows, args))
+            print("\n".join(gemm_markdown(result["gemms"][-1])), flush=True)
     result["checks"] = checks(result)
     print("\n".join(result["checks"]))
     write_result(result, args, "ops", markdown, plot, t0)
