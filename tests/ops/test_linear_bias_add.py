@@ -16,7 +16,7 @@ from te_jax.nnx import FP8Meta
 
 from .test_sequential import RECIPES, D, _rel, loss, x_of
 
-RECIPE_NAMES = ["bf16", "delayed", "current"]
+RECIPE_NAMES = ["bf16", "delayed", "current", "mxfp8"]
 
 
 def block(recipe="bf16", fuse=True, bias=True, add=ops.AddResidual, bias_init=None):
