@@ -58,7 +58,7 @@ def _te_tree(variables, gemms, collection="fp8_metas"):
 def test_loads_into_the_module_of_the_same_name(module, gemms):
     """The converted tree is te_jax's own (parameters and FP8 state), so the module computes
     with it what it computes with its own variables."""
-    mine = module.init(jax.random.PRNGKey(0), X)
+    mine = jax.jit(module.init)(jax.random.PRNGKey(0), X)  # one program, not op by op
     te_tree, state = _te_tree(mine, gemms)
     loaded = from_transformer_engine(module, te_tree)
     want = {"params": nn.unbox(mine["params"]), "fp8_metas": state}
@@ -71,7 +71,7 @@ def test_the_overwrite_with_gradient_collection_goes_where_the_module_keeps_it()
     module = te_jax.flax.DenseGeneral(
         features=INTER, recipe=RECIPE, fp8_collection=OVERWRITE_WITH_GRADIENT
     )
-    mine = module.init(jax.random.PRNGKey(0), X)
+    mine = jax.jit(module.init)(jax.random.PRNGKey(0), X)  # one program, not op by op
     te_tree, state = _te_tree(mine, (("kernel", ""),), collection=OVERWRITE_WITH_GRADIENT)
     loaded = from_transformer_engine(module, te_tree)
     assert set(loaded) == {"params", OVERWRITE_WITH_GRADIENT}
@@ -80,7 +80,8 @@ def test_the_overwrite_with_gradient_collection_goes_where_the_module_keeps_it()
 
 def test_errors_name_what_does_not_fit():
     mlp = te_jax.flax.LayerNormMLP(intermediate_dim=INTER, use_bias=True, recipe=RECIPE)
-    te_tree, _ = _te_tree(mlp.init(jax.random.PRNGKey(0), X), (("wi", "_0"), ("wo", "_1")))
+    variables = jax.jit(mlp.init)(jax.random.PRNGKey(0), X)  # one program, not op by op
+    te_tree, _ = _te_tree(variables, (("wi", "_0"), ("wo", "_1")))
     swiglu = te_jax.flax.LayerNormMLP(
         intermediate_dim=INTER, activations=("silu", "linear"), recipe=RECIPE
     )
