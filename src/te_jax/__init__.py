@@ -15,6 +15,7 @@ from te_jax.activation_ops import act_lu, activation, dact_lu, quantize_dact_dbi
 from te_jax.activation_types import ActivationParams, ActivationType, ClampedSwiGLUParams
 from te_jax.dispatch import kernels_enabled
 from te_jax.linear.dense import dense
+from te_jax.linear.dot_general import dot_general
 from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.linear.gemm import gemm
 from te_jax.recipe import QuantizerSet, autocast
@@ -28,6 +29,7 @@ __all__ = [
     "activation",
     "gemm",
     "dense",
+    "dot_general",
     "fused_mlp",
     "recipe",
     "QuantizerSet",

@@ -10,9 +10,11 @@ optimizer. With ``fp8_collection="_overwrite_with_gradient"`` (``OVERWRITE_WITH_
 state lives in Flax's own collection for such variables, and an unmodified
 ``flax.training.train_state.TrainState.apply_gradients`` advances it. docs/flax.md shows both
 training loops. ``from_transformer_engine`` loads TransformerEngine-JAX's variables of the same
-modules.
+modules. ``DotGeneral`` and ``EinsumOp`` put te_jax's GEMM (and a recipe) into stock Flax layers:
+``nn.Dense(..., dot_general_cls=te_jax.flax.DotGeneral)``.
 """
 
+from te_jax.flax.dot_general import DotGeneral, EinsumOp
 from te_jax.flax.fp8_state import (
     FP8_COLLECTION,
     OVERWRITE_WITH_GRADIENT,
@@ -27,6 +29,8 @@ __all__ = [
     "LayerNorm",
     "LayerNormDenseGeneral",
     "LayerNormMLP",
+    "DotGeneral",
+    "EinsumOp",
     "FP8_COLLECTION",
     "OVERWRITE_WITH_GRADIENT",
     "update_fp8_metas",

@@ -25,6 +25,7 @@ __all__ = [
     "FP8_COLLECTIONS",
     "check_fp8_collection",
     "quantizer_set",
+    "checked_quantizer_set",
     "update_fp8_metas",
     "merge_fp8_metas",
 ]
@@ -70,6 +71,53 @@ def quantizer_set(
     for name, value in later.state().items():
         variables[name].value = value
     return now
+
+
+def checked_quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str, where: str):
+    """``quantizer_set`` in ``module.fp8_collection``, once delayed scaling's variables are known
+    to be there (or creatable): their absence is a te_jax error naming the fix, not Flax's;
+    ``where`` names the public module in it."""
+    collection = check_fp8_collection(where, module.fp8_collection)
+    names = [f"{gemm}_{n}" for n in QuantizerSet.create(recipe).state()]
+    if (
+        names
+        and not module.has_variable(collection, names[0])
+        and not module.is_mutable_collection(collection)
+    ):
+        raise ValueError(_missing_fp8_state(module, recipe, names[0], where, collection))
+    return quantizer_set(module, recipe, gemm, collection)
+
+
+def _missing_fp8_state(
+    module: nn.Module, recipe: Recipe, name: str, where: str, collection: str = FP8_COLLECTION
+) -> str:
+    """Why delayed scaling's variable ``name`` is missing from ``collection``, and the fix."""
+    recipe_name, path = type(recipe).__name__, module.scope.path_text
+    head = (
+        f"{where}: recipe={recipe_name}() keeps its FP8 state in the {collection!r} "
+        f"collection, but"
+    )
+    lifted_fix = (
+        f'list "{collection}" beside "params" in the nn.scan (or nn.vmap, another Flax lifted '
+        f'transform) around the module: variable_axes={{"params": 0, "{collection}": 0}} '
+        "(or in variable_broadcast / variable_carry)"
+    )
+    no_recipe = (
+        "the module was initialized without a delayed-scaling recipe (recipe=None, or a "
+        f"stateless one): initialize it again with recipe={recipe_name}(...), or add the state "
+        f'to these variables: _, state = module.apply(variables, x, mutable=["{collection}"]); '
+        "variables = {**variables, **state}"
+    )
+    if module.is_initializing():
+        # At init the collection is always created, unless a lifted transform hides it.
+        return f"{head} it cannot be created here ({name!r} at {path}): {lifted_fix}"
+    if "(" in path:
+        # A lifted transform shows in the scope path ("/scan(...)/..."): it may be the cause.
+        return (
+            f"{head} the variables seen here hold no {name!r} (at {path}). Either {lifted_fix}; "
+            f"or {no_recipe}"
+        )
+    return f"{head} the variables given hold no {name!r} (at {path}): {no_recipe}"
 
 
 def update_fp8_metas(variables: Mapping, grads: Mapping) -> dict:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
-from te_jax.flax.fp8_state import FP8_COLLECTION, check_fp8_collection, quantizer_set
+from te_jax.flax.fp8_state import FP8_COLLECTION, checked_quantizer_set
 from te_jax.module_specs import (
     KERNEL_INIT,
     DenseGeneralSpec,
@@ -32,7 +32,7 @@ from te_jax.module_specs import (
     LayerNormSpec,
     ParamSpec,
 )
-from te_jax.recipe import QuantizerSet, Recipe
+from te_jax.recipe import Recipe
 from te_jax.sharding import ACT, EMBED, MLP
 
 __all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
@@ -111,55 +111,9 @@ def _norm_input(where: str, inputs) -> jax.Array:
     return x
 
 
-def _quantizer_set(module: nn.Module, recipe: Recipe | None, gemm: str, where: str):
-    """``fp8_state.quantizer_set``, once delayed scaling's variables are known to be there (or
-    creatable): their absence is a te_jax error naming the fix, not Flax's."""
-    collection = check_fp8_collection(where, module.fp8_collection)
-    names = [f"{gemm}_{n}" for n in QuantizerSet.create(recipe).state()]
-    if (
-        names
-        and not module.has_variable(collection, names[0])
-        and not module.is_mutable_collection(collection)
-    ):
-        raise ValueError(_missing_fp8_state(module, recipe, names[0], where, collection))
-    return quantizer_set(module, recipe, gemm, collection)
-
-
 def _quantizer_sets(module: nn.Module, spec, where: str) -> dict:
     """One ``QuantizerSet`` per GEMM of ``spec``, by its name."""
-    return {g: _quantizer_set(module, spec.recipe, g, where) for g in spec.gemms}
-
-
-def _missing_fp8_state(
-    module: nn.Module, recipe: Recipe, name: str, where: str, collection: str = FP8_COLLECTION
-) -> str:
-    """Why delayed scaling's variable ``name`` is missing from ``collection``, and the fix."""
-    recipe_name, path = type(recipe).__name__, module.scope.path_text
-    head = (
-        f"{where}: recipe={recipe_name}() keeps its FP8 state in the {collection!r} "
-        f"collection, but"
-    )
-    lifted_fix = (
-        f'list "{collection}" beside "params" in the nn.scan (or nn.vmap, another Flax lifted '
-        f'transform) around the module: variable_axes={{"params": 0, "{collection}": 0}} '
-        "(or in variable_broadcast / variable_carry)"
-    )
-    no_recipe = (
-        "the module was initialized without a delayed-scaling recipe (recipe=None, or a "
-        f"stateless one): initialize it again with recipe={recipe_name}(...), or add the state "
-        f'to these variables: _, state = module.apply(variables, x, mutable=["{collection}"]); '
-        "variables = {**variables, **state}"
-    )
-    if module.is_initializing():
-        # At init the collection is always created, unless a lifted transform hides it.
-        return f"{head} it cannot be created here ({name!r} at {path}): {lifted_fix}"
-    if "(" in path:
-        # A lifted transform shows in the scope path ("/scan(...)/..."): it may be the cause.
-        return (
-            f"{head} the variables seen here hold no {name!r} (at {path}). Either {lifted_fix}; "
-            f"or {no_recipe}"
-        )
-    return f"{head} the variables given hold no {name!r} (at {path}): {no_recipe}"
+    return {g: checked_quantizer_set(module, spec.recipe, g, where) for g in spec.gemms}
 
 
 class LayerNorm(nn.Module):
