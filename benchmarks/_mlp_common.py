@@ -25,13 +25,14 @@ GPU_SHAPE = {"tokens": 8192, "hidden": 4096, "gelu": 16384, "swiglu": 10944}
 QUICK_SHAPE = {"tokens": 256, "hidden": 128, "gelu": 512, "swiglu": 336}
 
 
-def flax_block(act: tuple[str, ...], inter: int, fp8: bool):
+def flax_block(act: tuple[str, ...], inter: int, dot_general_cls=None):
     """The Flax-native block, written the way Flax users write it: ``nn.LayerNorm → nn.Dense →
     jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to ``2·I`` split in two), float32
-    parameters, bfloat16 computation; ``fp8``: Flax's ``nn.Fp8DotGeneralOp`` in both Denses."""
+    parameters, bfloat16 computation; ``dot_general_cls`` in both Denses (e.g. Flax's
+    ``nn.Fp8DotGeneralOp``, te_jax's ``te_jax.flax.DotGeneral``), or their default."""
     import flax.linen as nn
 
-    dot = {"dot_general_cls": nn.Fp8DotGeneralOp} if fp8 else {}
+    dot = {} if dot_general_cls is None else {"dot_general_cls": dot_general_cls}
 
     class FlaxMLP(nn.Module):
         @nn.compact

@@ -10,10 +10,13 @@ Blocks: ``gelu`` (intermediate 16384) and ``swiglu`` (intermediate 10944: the GE
 parameter count, 3·H·I ≈ 2·H·16384). The Flax-native block is written the way Flax users write
 it: ``nn.LayerNorm → nn.Dense → jax.nn activation → nn.Dense`` (SwiGLU: one ``nn.Dense`` to
 ``2·I`` split in two), parameters float32, computation bfloat16 (``dtype=jnp.bfloat16``),
-jitted, default XLA flags. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with the GELU
-backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (dbias_1 a float32
-sum of dh; ``gelu_backward="dgelu"``), ``te_linen:bf16_dgelu_bgrad`` with dbias_1 in the
-epilogue too (``"dgelu_bgrad"``): A/B rows of that fusion, off by default.
+jitted, default XLA flags. ``flax:te_delayed`` / ``flax:te_current`` are that block with
+``dot_general_cls=functools.partial(te_jax.flax.DotGeneral, recipe=...)`` in both Denses (FP8
+with one argument per layer, the state in ``_overwrite_with_gradient`` as Flax's own FP8 keeps
+it), the drop-in against ``flax:fp8_ops``. ``te_linen:bf16_dgelu`` is ``te_linen:bf16`` with
+the GELU backward in the dgrad GEMM's DGELU epilogue instead of a separate dact pass (dbias_1
+a float32 sum of dh; ``gelu_backward="dgelu"``), ``te_linen:bf16_dgelu_bgrad`` with dbias_1 in
+the epilogue too (``"dgelu_bgrad"``): A/B rows of that fusion, off by default.
 ``te_linen:delayed_accum4`` is ``te_linen:delayed`` with the same tokens as 4 micro-batches in
 one jitted ``lax.scan`` (gradient accumulation: parameter gradients summed, FP8 states merged),
 whose weights XLA quantizes once per step (docs/flax.md). Every row computes
@@ -67,6 +70,8 @@ from benchmarks._trace import gpu_kernels, kernel_breakdown
 ROWS = (
     "flax:bf16",
     "flax:fp8_ops",
+    "flax:te_delayed",
+    "flax:te_current",
     "te_linen:bf16",
     "te_linen:bf16_dgelu",
     "te_linen:bf16_dgelu_bgrad",
@@ -105,13 +110,27 @@ def _recipe(te_jax, name: str):
     }[ACCUMULATE.get(name, (name,))[0]]
 
 
+def _flax_dot_general(te_jax, prec: str):
+    """The Flax block's ``dot_general_cls`` for a ``flax:<prec>`` row: none (bf16), Flax's
+    ``nn.Fp8DotGeneralOp`` or te_jax's ``te_jax.flax.DotGeneral`` under the row's recipe."""
+    import flax.linen as nn
+
+    if prec == "fp8_ops":
+        return nn.Fp8DotGeneralOp
+    if prec.startswith("te_"):
+        import te_jax.flax as tef
+
+        return functools.partial(tef.DotGeneral, recipe=_recipe(te_jax, prec[3:]))
+    return None
+
+
 def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
     """``(state, step)``: ``step(state, x, dy)`` returns ``sum(block(x) · dy)`` and its
     gradients with respect to (state, x); ``state`` holds the parameters and any FP8 state."""
     family, prec = row.split(":")
     key = jax.random.key(0)
     if family == "flax":
-        m = flax_block(act, inter, prec == "fp8_ops")
+        m = flax_block(act, inter, _flax_dot_general(te_jax, prec))
         state = m.init(key, x0)
 
         def out(state, x):
@@ -192,7 +211,7 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
     for row in rows:
         state, step = _step_fn(row, act, hidden, inter, sets[0][0], te_jax)
         prec = row.split(":")[1]
-        if ACCUMULATE.get(prec, (prec,))[0] in ("delayed", "fp8_ops"):
+        if ACCUMULATE.get(prec, (prec,))[0] in ("delayed", "fp8_ops", "te_delayed"):
             # Steady state: the FP8 state after a few steps (scales from real amaxes).
             for _ in range(3):
                 g = step(state, *sets[0])[1][0]
@@ -303,7 +322,14 @@ def checks(result: dict) -> list[str]:
                 f"called for above 2%)"
             )
         fp8_ops = by.get("flax:fp8_ops")
-        for row in ("te_linen:delayed", "te_linen:current", "te_nnx:delayed", "te_nnx:current"):
+        for row in (
+            "te_linen:delayed",
+            "te_linen:current",
+            "te_nnx:delayed",
+            "te_nnx:current",
+            "flax:te_delayed",
+            "flax:te_current",
+        ):
             if fp8_ops and row in by:
                 ok = by[row]["ms"] < fp8_ops["ms"]
                 lines.append(

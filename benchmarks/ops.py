@@ -287,7 +287,7 @@ def run_block(block: str, shape: dict, rows: list[str], args) -> dict:
         del first, steady
     refs.clear()
     if "flax:bf16" in rows:
-        m = flax_block(act, inter, False)
+        m = flax_block(act, inter)
         state = m.init(jax.random.key(0), sets[0][0])
         step = jax.jit(value_and_grads(m.apply))
         meta["flax:bf16"] = _compiled(step, state, *sets[0])

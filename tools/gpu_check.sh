@@ -221,7 +221,7 @@ print(float(jax.jit(lambda x, w, b: jnp.sum(x @ w + b, dtype=jnp.float32))(x, w,
       stamp "Flax rows with --xla_gpu_enable_triton_gemm=false" >>"$OUT/mbench.log"
       # shellcheck disable=SC2086
       XLA_FLAGS=--xla_gpu_enable_triton_gemm=false python3 -m benchmarks.mlp --out /tmp/mbench_flags \
-        --rows flax:bf16,flax:fp8_ops $(echo ${MBENCH_ARGS:-} | sed -E 's/--plot//; s/--profile +[^ ]+//') >>"$OUT/mbench.log" 2>&1 || status=1
+        --rows flax:bf16,flax:fp8_ops,flax:te_delayed,flax:te_current $(echo ${MBENCH_ARGS:-} | sed -E 's/--plot//; s/--profile +[^ ]+//') >>"$OUT/mbench.log" 2>&1 || status=1
       tail -n 80 "$OUT/mbench.log"
       ;;
     multi)
