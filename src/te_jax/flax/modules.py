@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
+from te_jax.flax import te_options
 from te_jax.flax.fp8_state import FP8_COLLECTION, checked_quantizer_set
 from te_jax.module_specs import (
     KERNEL_INIT,
@@ -170,12 +171,17 @@ class DenseGeneral(nn.Module):
     # Where delayed scaling's state lives: te_jax.flax.FP8_COLLECTIONS.
     fp8_collection: str = FP8_COLLECTION
     implementation: str | None = None
+    # TransformerEngine-JAX's options (te_jax.flax.te_options): honoured, or refused clearly.
+    input_axes: Sequence[str | None] | None = None
+    transpose_batch_sequence: bool = False
+    enable_low_rank_adaptation: bool = False
 
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """``inputs (..., *in)`` → ``(..., *features)`` in the compute dtype."""
         where = "te_jax.flax.DenseGeneral"
-        x = jnp.asarray(inputs)
+        te_options.check_unsupported(self, where)
+        x = te_options.constrain_input(jnp.asarray(inputs), self.input_axes, where, "input_axes")
         axes = layers.normalize_axes(where, self.axis, x.ndim)
         spec = DenseGeneralSpec.create(
             where,
@@ -221,12 +227,20 @@ class LayerNormDenseGeneral(nn.Module):
     # Where delayed scaling's state lives: te_jax.flax.FP8_COLLECTIONS.
     fp8_collection: str = FP8_COLLECTION
     implementation: str | None = None
+    # TransformerEngine-JAX's options (te_jax.flax.te_options): honoured, or refused clearly.
+    axis: int | Sequence[int] = -1
+    layernorm_input_axes: Sequence[str | None] | None = None
+    dot_input_axes: Sequence[str | None] | None = None
+    transpose_batch_sequence: bool = False
+    enable_low_rank_adaptation: bool = False
 
     @nn.compact
     def __call__(self, inputs: jax.Array):
         """``inputs (..., H)`` → ``(y (..., *features), ln_out (..., H) or None)``."""
         where = "te_jax.flax.LayerNormDenseGeneral"
+        te_options.check_unsupported(self, where, normed=True)
         x = _norm_input(where, inputs)
+        x = te_options.constrain_input(x, self.layernorm_input_axes, where, "layernorm_input_axes")
         spec = LayerNormDenseGeneralSpec.create(
             where,
             x.shape[-1],
@@ -283,12 +297,23 @@ class LayerNormMLP(nn.Module):
     fp8_collection: str = FP8_COLLECTION
     implementation: str | None = None
     gelu_backward: str = "dact"
+    # TransformerEngine-JAX's options (te_jax.flax.te_options): honoured, or refused clearly.
+    intermediate_dropout_rng_name: str | None = None
+    axis: int | Sequence[int] = -1
+    layernorm_input_axes: Sequence[str | None] | None = None
+    dot_1_input_axes: Sequence[str | None] | None = None
+    dot_2_input_axes: Sequence[str | None] | None = None
+    transpose_batch_sequence: bool = False
+    enable_low_rank_adaptation: bool = False
 
     @nn.compact
     def __call__(self, inputs: jax.Array, deterministic: bool = False):
         """``inputs (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``."""
         where = "te_jax.flax.LayerNormMLP"
+        te_options.check_unsupported(self, where, normed=True)
+        rng_name = te_options.dropout_rng_name(self, where)
         x = _norm_input(where, inputs)
+        x = te_options.constrain_input(x, self.layernorm_input_axes, where, "layernorm_input_axes")
         spec = LayerNormMLPSpec.create(
             where, x.shape[-1], _FROM_INPUT, **_settings(self, LayerNormMLPSpec)
         )
@@ -298,17 +323,14 @@ class LayerNormMLP(nn.Module):
         dropout = None
         if spec.dropout_active(deterministic):
             # Flax falls back to the "params" rng for a missing stream.
-            if not self.has_rng(self.dropout_rng_name) and not self.has_rng("params"):
+            if not self.has_rng(rng_name) and not self.has_rng("params"):
                 raise ValueError(
                     f"{where}: intermediate_dropout_rate={self.intermediate_dropout_rate} draws "
-                    f"from the {self.dropout_rng_name!r} rng, which apply was not given: pass "
-                    f"rngs={{{self.dropout_rng_name!r}: key}}, or deterministic=True for no "
-                    "dropout"
+                    f"from the {rng_name!r} rng, which apply was not given: pass "
+                    f"rngs={{{rng_name!r}: key}}, or deterministic=True for no dropout"
                 )
             drop = nn.Dropout(
-                rate=spec.dropout_rate,
-                broadcast_dims=spec.dropout_dims,
-                rng_collection=self.dropout_rng_name,
+                rate=spec.dropout_rate, broadcast_dims=spec.dropout_dims, rng_collection=rng_name
             )
             dropout = functools.partial(drop, deterministic=False)
         return spec.apply(x, params, quantizer_sets, dropout)
