@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 import te_jax
 from te_jax.activation_types import ActivationLike, ActivationParams, ActivationType
@@ -296,6 +297,7 @@ def layernorm_mlp(
     implementation: str | None = None,
     kernel_axes: tuple[Sequence[str | None] | None, Sequence[str | None] | None] = (None, None),
     gelu_backward: str = "dact",
+    ckpt_name: str = "ffn2",
 ) -> tuple[jax.Array, jax.Array]:
     """The transformer MLP block: ``out = dense(drop(act(norm(x) · W1 + b1)) · W2 + b2)``.
 
@@ -309,6 +311,8 @@ def layernorm_mlp(
         GEMMs are one ``te_jax.fused_mlp`` (fusions across the GEMM boundary, same math).
       kernel_axes: each kernel's logical axis names (``te_jax.dense``'s ``kernel_axes``).
       gelu_backward: ``te_jax.fused_mlp``'s (where the GELU backward runs; no dropout only).
+      ckpt_name: the remat checkpoint name of ``out`` (TE-JAX's ``ffn2``); the GEMMs'
+        residuals carry ``te_jax.fused_mlp``'s (``ffn1``, ``ffn1_input``, ...).
 
     Returns:
       ``(out (..., H), ln_out (..., H))``: ``ln_out`` is the first GEMM's input (x itself
@@ -341,7 +345,7 @@ def layernorm_mlp(
             kernel_axes=kernel_axes,
             gelu_backward=gelu_backward,
         )
-        return split_sequence(out), ln_out
+        return checkpoint_name(split_sequence(out), ckpt_name), ln_out
     # Dropout sits between the GEMMs: two dense calls around it.
     h = te_jax.dense(
         h_in,
@@ -361,4 +365,4 @@ def layernorm_mlp(
         implementation=implementation,
         kernel_axes=kernel_axes[1],
     )
-    return split_sequence(out), ln_out
+    return checkpoint_name(split_sequence(out), ckpt_name), ln_out

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from te_jax import activation_reference
 from te_jax.activation_ops import act_lu, quantize_dact_dbias
@@ -430,6 +431,27 @@ class Residuals(NamedTuple):
     quantized_x: ScaledTensor | None  # x as given, where it came quantized (its cotangent)
     new_qs: QuantizerSet | None  # the forward quantizers' next state
     qs: QuantizerSet | None  # the quantizer set used
+
+
+def named_residuals(res: Residuals, name: str) -> Residuals:
+    """``res`` with remat checkpoint names (``jax.ad_checkpoint.checkpoint_name``): the GEMM's
+    input as the backward keeps it (quantized copies under a recipe) ``{name}_input``, its
+    kernel's ``{name}_kernel``, what dact reads (h) ``name`` itself, and the quantizers (the
+    set used and its next state: scales and amax histories, a few numbers)
+    ``{name}_quantizers``. A remat policy that saves them
+    (``jax.checkpoint_policies.save_only_these_names``) recomputes none of them, so no tensor is
+    quantized twice."""
+
+    def tag(tree, label):
+        return None if tree is None else jax.tree.map(lambda a: checkpoint_name(a, label), tree)
+
+    return res._replace(
+        x=tag(res.x, f"{name}_input"),
+        kernel=tag(res.kernel, f"{name}_kernel"),
+        act_in=tag(res.act_in, name),
+        new_qs=tag(res.new_qs, f"{name}_quantizers"),
+        qs=tag(res.qs, f"{name}_quantizers"),
+    )
 
 
 # ---- forward --------------------------------------------------------------------------------

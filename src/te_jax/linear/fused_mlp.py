@@ -200,6 +200,7 @@ def _mlp_unquantized_jvp(cfg: MLPConfig, primals, tangents):
     dense tangents in a row (``te_jax.dense.tangent``), as a ``custom_linear`` whose transpose
     is ``backward``: forward mode evaluates the tangent, reverse mode runs the backward."""
     out, res = forward(*primals, None, None, cfg, residuals=True)
+    res = named(res)
     present = tuple(t is not None and not isinstance(t, SymbolicZero) for t in tangents)
     if not any(present):
         return out, jnp.zeros_like(out)
@@ -246,7 +247,19 @@ def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
     if fp8_autodiff.under_jvp((operands, q1, q2)):  # jvp of grad: forward over this op
         raise TypeError(fp8_autodiff.forward_mode_message(_WHERE))
     fp8_autodiff.check_state_differentiated(_WHERE, perturbed, [s1, s2])
-    return forward(*operands, q1, q2, cfg, residuals=True)
+    out, res = forward(*operands, q1, q2, cfg, residuals=True)
+    return out, named(res)
+
+
+# The remat checkpoint names of the two GEMMs' residuals (TransformerEngine-JAX's ffn1 / ffn2).
+CHECKPOINT_NAMES = ("ffn1", "ffn2")
+
+
+def named(res):
+    """Both GEMMs' residuals named for remat policies (``core.named_residuals``): ``ffn1`` (h),
+    ``ffn1_input``, ``ffn1_kernel``, ``ffn1_quantizers``, ``ffn2_input`` (the activation,
+    quantized under a recipe), ``ffn2_kernel`` and ``ffn2_quantizers``."""
+    return tuple(core.named_residuals(r, n) for r, n in zip(res, CHECKPOINT_NAMES, strict=True))
 
 
 def forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool):

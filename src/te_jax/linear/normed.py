@@ -8,9 +8,10 @@ taken as te_jax's ``(H, I)``; ``quantizer_set(s)`` are te_jax ``QuantizerSet``s 
 no-op set); the logical ``*_input_axes`` are sharding constraints on the tensors they name, except
 ``dot_2_input_axes`` (the intermediate lives inside the fused MLP op, split as ``kernel_1_axes``
 says), which must be ``None``; ``ffn2_ckpt_name`` names the output for remat policies
-(``jax.checkpoint_policies.save_only_these_names``) and ``ffn1_ckpt_name`` is accepted, naming
-nothing (the fused op's residuals carry no names); ``batch_first`` has no effect (every leading
-axis is treated alike).
+(``jax.checkpoint_policies.save_only_these_names``) and ``ffn1_ckpt_name`` must be ``"ffn1"``,
+the name ``te_jax.fused_mlp`` gives h (beside ``ffn1_input``, ``ffn1_kernel``, ``ffn2_input``,
+``ffn2_kernel``: the GEMMs' saved operands); ``batch_first`` has no effect (every leading axis is
+treated alike).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
 from te_jax import sharding
 from te_jax.layers import layernorm_mlp as _mlp_block
 from te_jax.linear.dense import dense
+from te_jax.linear.fused_mlp import CHECKPOINT_NAMES
 from te_jax.normalization import layernorm
 from te_jax.recipe import QuantizerSet
 
@@ -130,8 +131,14 @@ def layernorm_mlp(
     Returns:
       ``(..., H)`` in x's dtype.
     """
-    del batch_first, ffn1_ckpt_name
+    del batch_first
     where = "te_jax.layernorm_mlp"
+    if ffn1_ckpt_name != CHECKPOINT_NAMES[0]:
+        raise ValueError(
+            f"{where}: ffn1_ckpt_name={ffn1_ckpt_name!r} is not supported: the first GEMM's "
+            f"residuals are named {CHECKPOINT_NAMES[0]!r} (h), 'ffn1_input' and 'ffn1_kernel' "
+            "inside te_jax.fused_mlp; name them so in the remat policy"
+        )
     if dot_2_input_axes is not None:
         raise ValueError(
             f"{where}: dot_2_input_axes={tuple(dot_2_input_axes)!r} is not supported: the "
@@ -162,5 +169,6 @@ def layernorm_mlp(
         activation_type=activation_type,
         quantizer_sets=tuple(quantizer_sets),
         kernel_axes=(kernel_1_axes, kernel_2_axes),
+        ckpt_name=ffn2_ckpt_name,
     )
-    return checkpoint_name(out, ffn2_ckpt_name)
+    return out
