@@ -380,9 +380,17 @@ def _delayed_update(q_max: float, margin: int, algo: str):
     shares (unbatched ``scale`` and ``hist``, batched ``amax``) takes the batch's largest amax
     and stays unbatched, so ``vmap``'s backward has no per-element states to sum."""
 
+    # One traced (and lowered) function per shape that every update calls: the update's exact
+    # division and maxima are a few hundred ops, which retraced at each update (and again at
+    # each lowering) were most of the tracing time of a delayed-scaling step. XLA inlines the
+    # call: the compiled program is the same.
+    @jax.jit
+    def delayed_state_update(scale, hist, amax):
+        return _delayed_state_math(scale, hist, amax, q_max, margin, algo)
+
     @custom_vmap
     def next_state(scale, hist, amax):
-        return _delayed_state_math(scale, hist, amax, q_max, margin, algo)
+        return delayed_state_update(scale, hist, amax)
 
     @next_state.def_vmap
     def _rule(axis_size, in_batched, scale, hist, amax):
