@@ -1,9 +1,9 @@
 """Remat of te_jax's MLP by checkpoint name: ``te_jax.fused_mlp`` names its GEMMs' residuals
 (``ffn1`` = h; ``ffn{1,2}_input``, ``_kernel``, ``_quantizers``) and the block's output is
-``ffn2``; ``jax.checkpoint_policies.save_only_these_names`` over them recomputes
-nothing that quantizes (the te_jax kernels in the compiled step are those of the step without
-remat, counted in the HLO), saving only the quantized operands recomputes h by a GEMM and still
-quantizes nothing twice, and the gradients are those of the step without remat."""
+``ffn2``; ``jax.checkpoint_policies.save_only_these_names`` over them recomputes nothing (the
+te_jax kernels in the compiled step, GEMMs included on a GPU, are those of the step without
+remat, counted in the HLO; a policy that saves nothing runs more), and the gradients are those
+of the step without remat."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ NAMES = ("ffn1",) + tuple(
 POLICIES = {
     "none": None,
     "all_names": jax.checkpoint_policies.save_only_these_names(*NAMES),
-    "operands": jax.checkpoint_policies.save_only_these_names(*NAMES[1:]),
     "nothing": jax.checkpoint_policies.nothing_saveable,
 }
 RECIPES = {
@@ -67,14 +66,12 @@ def test_policies_by_name_quantize_nothing_twice(recipe):
         kernels[name] = _kernels(step.lower(x, k1, k2, qs).compile())
         steps[name] = step(x, k1, k2, qs)
     assert kernels["all_names"] == kernels["none"], kernels
-    assert kernels["operands"] == kernels["none"], kernels  # h again by a GEMM: no quantize
     assert sum(kernels["nothing"].values()) > sum(kernels["none"].values()), kernels
-    for name in ("all_names", "operands"):
-        jax.tree.map(
-            lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-            steps[name],
-            steps["none"],
-        )
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        steps["all_names"],
+        steps["none"],
+    )
 
 
 def test_module_output_is_ffn2_under_nn_remat():
