@@ -1,0 +1,37 @@
+"""The documentation site's API reference (docs/api.md) lists every public name: it is what
+tools/api_reference.py writes from each public module's ``__all__``, so a name added to an
+``__all__`` without rewriting the reference fails here."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _api_reference():
+    path = ROOT / "tools" / "api_reference.py"
+    spec = importlib.util.spec_from_file_location("api_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_public_name_is_in_the_api_reference():
+    ref = _api_reference()
+    text = (ROOT / "docs" / "api.md").read_text()
+    missing = []
+    for module in ref.MODULES:
+        objects, constants = ref.public_names(module)
+        missing += [f"{module}.{n}" for n in objects if f"\n   {n}\n" not in text]
+        missing += [f"{module}.{n}" for n in constants if f".. py:data:: {n}\n" not in text]
+    assert not missing, f"not in docs/api.md (run python tools/api_reference.py): {missing}"
+    assert text == ref.render(), "docs/api.md is stale: run python tools/api_reference.py"
+
+
+def test_every_page_is_in_the_site():
+    """Each Markdown page under docs/ is in a toctree of docs/index.md."""
+    index = (ROOT / "docs" / "index.md").read_text()
+    pages = sorted(p.stem for p in (ROOT / "docs").glob("*.md") if p.stem != "index")
+    assert [p for p in pages if f"\n{p}\n" not in index] == []
