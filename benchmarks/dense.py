@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m benchmarks.dense                     # the two issue shapes (GPU), ~2 min on an H100
+    python -m benchmarks.dense                     # the two shapes (GPU), ~2 min on an H100
     python -m benchmarks.dense --quick             # tiny shapes, 3 samples (CPU smoke test)
     python -m benchmarks.dense --shapes 4096x4096x16384 --rows te:gelu,xla:gelu --plot
 
@@ -45,7 +45,7 @@ error ‖out − ref‖/‖ref‖ against the XLA bf16 result of the same math (
 custom calls, ``tanh`` ops (a separate GELU), and transposes / layout copies of FP8 operands.
 Timing: ``benchmarks/_timing.py`` (all rows of a shape interleaved, rotating over input sets).
 The table goes to stdout, ``<out>/dense_<backend>.md`` and ``.json`` (rewritten after each
-shape); ``--plot`` adds a PNG. The summary gives the issue's acceptance ratios as PASS/FAIL (on
+shape); ``--plot`` adds a PNG. The summary gives the project's published targets as PASS/FAIL (on
 a GPU; INFO elsewhere). The exit code is 0 either way: it is a report.
 """
 

@@ -89,7 +89,7 @@ GELU_BACKWARD = {"bf16_dgelu": "dgelu", "bf16_dgelu_bgrad": "dgelu_bgrad"}
 # row -> (the precision it accumulates, micro-batch count). XLA hoists the weights' quantizes
 # out of the loop (docs/flax.md).
 ACCUMULATE = {"delayed_accum4": ("delayed", 4)}
-# The issue's figures: row -> minimum speedup over flax:bf16.
+# The published targets: row -> minimum speedup over flax:bf16.
 WANTED = {
     "te_linen:bf16": 1.05,
     "te_nnx:bf16": 1.05,
