@@ -1,11 +1,13 @@
-"""The documentation site's API reference (docs/api.md) lists every public name: it is what
+"""The documentation site: its API reference (docs/api.md) lists every public name (it is what
 tools/api_reference.py writes from each public module's ``__all__``, so a name added to an
-``__all__`` without rewriting the reference fails here."""
+``__all__`` without rewriting the reference fails here), every page is in it, and the runnable
+guides' code blocks run."""
 
 from __future__ import annotations
 
 import importlib.util
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -35,3 +37,17 @@ def test_every_page_is_in_the_site():
     index = (ROOT / "docs" / "index.md").read_text()
     pages = sorted(p.stem for p in (ROOT / "docs").glob("*.md") if p.stem != "index")
     assert [p for p in pages if f"\n{p}\n" not in index] == []
+
+
+# Guides whose ```python blocks run on a CPU, in order, in one namespace.
+RUNNABLE = ["getting_started.md"]
+
+
+def test_runnable_guides_run():
+    for page in RUNNABLE:
+        text = (ROOT / "docs" / page).read_text()
+        blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+        assert blocks, page
+        namespace: dict = {}
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"docs/{page} block {i}", "exec"), namespace)  # noqa: S102
