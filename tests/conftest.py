@@ -1,6 +1,7 @@
 """pytest configuration: per-test random generators, the backend in the report header, the
 ``long`` tests first in the order (pytest-xdist then starts them early and fills in around them),
-and on a CPU XLA compiling with little optimisation (``_compile_for_numbers``).
+and on a CPU XLA compiling with little optimisation (``_compile_for_numbers``) into a compilation
+cache the run's processes share (``_share_compiled_programs``).
 
 The tests run unchanged on CPU (CI) and on a GPU: the backend is ``jax.default_backend()``.
 The sharded checks (``tests/sharded/sharded_checks.py``) need 8 devices set up before jax
@@ -10,8 +11,11 @@ out of this collection, as does that of ``tests/scripts/command_buffer_chain.py`
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import zlib
 
 import numpy as np
@@ -38,6 +42,32 @@ def _compile_for_numbers():
 
 
 _compile_for_numbers()
+
+
+def _share_compiled_programs():
+    """On a CPU the run's processes (pytest-xdist's workers, the processes the 8-device checks
+    and the examples start) share one persistent compilation cache: a program one of them
+    compiled (an eager op, a module's init, a step that two tests build alike) the others load
+    instead of compiling it again. A fresh directory per run, removed at its end: no run reuses
+    another's programs. A ``JAX_COMPILATION_CACHE_DIR`` already in the environment (the run's,
+    passed down to its processes, or the user's own) is kept."""
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.default_backend() != "cpu":
+        return
+    path = tempfile.mkdtemp(prefix="te_jax_test_programs_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    settings = {  # every program, however small or quick to compile (eager ops are both)
+        "jax_compilation_cache_dir": path,
+        "jax_persistent_cache_min_compile_time_secs": 0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)  # the processes started from here
+
+
+_share_compiled_programs()
 
 
 def pytest_report_header(config):
