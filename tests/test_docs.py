@@ -5,6 +5,7 @@ guides' code blocks run."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import pathlib
 import re
@@ -51,3 +52,21 @@ def test_runnable_guides_run():
         namespace: dict = {}
         for i, block in enumerate(blocks):
             exec(compile(block, f"docs/{page} block {i}", "exec"), namespace)  # noqa: S102
+
+
+def test_docstring_examples_run():
+    """The ``Example:`` sections of the public names' docstrings (doctest)."""
+    import doctest
+
+    ref = _api_reference()
+    finder, runner = doctest.DocTestFinder(recurse=False), doctest.DocTestRunner()
+    ran = 0
+    for module in ref.MODULES:
+        mod = importlib.import_module(module)
+        for name in ref.public_names(module)[0]:
+            for test in finder.find(getattr(mod, name), f"{module}.{name}"):
+                if test.examples:
+                    runner.run(test)
+                    ran += 1
+    assert ran >= 6, ran
+    assert runner.failures == 0, f"{runner.failures} docstring example(s) failed (output above)"

@@ -105,6 +105,13 @@ def act_lu(
         NVFP4), docs/numerics.md §4-§6.
       act_params: ``ActivationParams`` for clamped SwiGLU (defaults when ``None``).
       implementation: ``None``, ``"ffi"`` or ``"xla"`` (see the module docstring).
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> x = jnp.ones((4, 2, 8), jnp.bfloat16)            # gated: (..., 2, H)
+      >>> y = te_jax.act_lu(x, "swiglu")
+      >>> y.shape, y.dtype
+      ((4, 8), dtype(bfloat16))
     """
     act, params = _prepare("act_lu", x, activation_type, act_params)
     if quantizer is not None:
@@ -159,7 +166,14 @@ def dact_lu(
     act_params: ActivationParams | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
-    """Activation gradient: ``quantize_dact_dbias(..., is_dbias=False)[0]``."""
+    """Activation gradient: ``quantize_dact_dbias(..., is_dbias=False)[0]``.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> x, dy = jnp.ones((4, 8), jnp.float32), jnp.ones((4, 8), jnp.float32)
+      >>> te_jax.dact_lu(dy, x, "gelu").shape
+      (4, 8)
+    """
     act, params = _prepare("dact_lu", x, activation_type, act_params)
     _check_dz("dact_lu", dz, x, act)
     if quantizer is not None:

@@ -114,6 +114,16 @@ def dense(
 
     Returns:
       ``y``: ``(..., *F)`` (gated: ``(..., N)``) in x's dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax
+      >>> x = jnp.ones((4, 16, 32), jnp.bfloat16)
+      >>> w = jnp.full((32, 2, 64), 0.01, jnp.bfloat16)       # gated kernel (K, 2, N)
+      >>> te_jax.dense(x, w, activation_type="swiglu").shape
+      (4, 16, 64)
+      >>> qs = te_jax.QuantizerSet.create(te_jax.recipe.CurrentScaling())   # FP8
+      >>> te_jax.dense(x, w[:, 0], quantizer_set=qs).dtype
+      dtype(bfloat16)
     """
     return apply(
         "te_jax.dense",

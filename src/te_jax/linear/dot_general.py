@@ -89,6 +89,13 @@ def dot_general(
 
     Returns:
       ``(*batch, *lhs_free, *rhs_free)``, as ``lax.dot_general``.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> x = jnp.ones((3, 4, 32), jnp.bfloat16)                # "ebd,edf->ebf"
+      >>> w = jnp.ones((3, 32, 16), jnp.bfloat16)
+      >>> te_jax.dot_general(x, w, (((2,), (1,)), ((0,), (0,)))).shape
+      (3, 4, 16)
     """
     del precision  # the GEMM accumulates in float32 whatever is asked
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)

@@ -107,6 +107,13 @@ def fused_mlp(
 
     Returns:
       ``out (..., *F)`` in x's dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> x = jnp.ones((4, 32), jnp.bfloat16)
+      >>> w1, w2 = jnp.ones((32, 64), jnp.bfloat16) / 32, jnp.ones((64, 32), jnp.bfloat16) / 64
+      >>> te_jax.fused_mlp(x, w1, w2, activation_type="relu").shape
+      (4, 32)
     """
     prepared = configure(
         x, kernel_1, kernel_2, bias_1, bias_2, activation_type, quantizer_sets, act_params,

@@ -62,6 +62,13 @@ def gemm(
     Returns:
       ``out (*M, *N)`` in lhs's (compute) dtype. ``jax.grad`` gives lhs's, rhs's and bias's
       gradients (and the quantizer set's next state); without a recipe ``jax.jvp`` works too.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> a, b = jnp.ones((8, 32), jnp.bfloat16), jnp.ones((32, 16), jnp.bfloat16)
+      >>> out = te_jax.gemm(a, b, jnp.zeros((16,), jnp.bfloat16), epilogue="relu")
+      >>> out.shape, float(out[0, 0])
+      ((8, 16), 32.0)
     """
     name = epilogue.lower() if isinstance(epilogue, str) else epilogue
     if not (name is None or isinstance(name, str)) or name not in EPILOGUES:
