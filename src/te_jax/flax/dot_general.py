@@ -58,7 +58,16 @@ class _QuantizedOp(nn.Module):
 
 class DotGeneral(_QuantizedOp):
     """``lax.dot_general`` on te_jax's kernels, quantized under ``recipe``: the op class of
-    ``nn.Dense`` / ``nn.DenseGeneral``'s ``dot_general_cls`` (one FP8 state per layer)."""
+    ``nn.Dense`` / ``nn.DenseGeneral``'s ``dot_general_cls`` (one FP8 state per layer).
+
+    Example:
+      >>> import functools, jax, jax.numpy as jnp, flax.linen as nn, te_jax
+      >>> fp8 = functools.partial(te_jax.flax.DotGeneral, recipe=te_jax.recipe.DelayedScaling())
+      >>> layer = nn.Dense(16, dtype=jnp.bfloat16, dot_general_cls=fp8)
+      >>> variables = layer.init(jax.random.PRNGKey(0), jnp.ones((4, 32), jnp.bfloat16))
+      >>> sorted(variables)
+      ['_overwrite_with_gradient', 'params']
+    """
 
     @nn.compact
     def __call__(

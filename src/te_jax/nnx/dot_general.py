@@ -47,7 +47,16 @@ class _QuantizedOp(nnx.Module):
 
 class DotGeneral(_QuantizedOp):
     """``lax.dot_general`` on te_jax's kernels, quantized under ``recipe``; lhs the activation,
-    rhs the weight."""
+    rhs the weight.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> from flax import nnx
+      >>> dg = te_jax.nnx.DotGeneral(te_jax.recipe.CurrentScaling())
+      >>> layer = nnx.Linear(32, 16, dtype=jnp.bfloat16, dot_general=dg, rngs=nnx.Rngs(0))
+      >>> layer(jnp.ones((4, 32), jnp.bfloat16)).shape
+      (4, 16)
+    """
 
     def __call__(
         self,

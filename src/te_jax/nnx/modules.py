@@ -243,6 +243,15 @@ class LayerNormMLP(nnx.Module):
     ``dropout`` stream; it is off under ``deterministic=True`` or after ``model.eval()``, and
     then (as with a rate of 0) the two GEMMs are one ``te_jax.fused_mlp``, whose
     ``gelu_backward`` is this module's.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> from flax import nnx
+      >>> mlp = te_jax.nnx.LayerNormMLP(32, 64, activations="swiglu",
+      ...                               recipe=te_jax.recipe.CurrentScaling(), rngs=nnx.Rngs(0))
+      >>> out, ln_out = mlp(jnp.ones((4, 32), jnp.bfloat16))
+      >>> out.shape
+      (4, 32)
     """
 
     def __init__(

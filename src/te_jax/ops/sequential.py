@@ -44,6 +44,18 @@ class Sequential(nnx.Module):
     Calling it: ``seq(x, *extra_inputs)`` (one extra input per ``AddExtraInput``, in order).
     Reverse-mode differentiable (``jax.grad`` / ``nnx.grad``); ``jit``, ``nnx.jit``,
     ``nnx.scan``, ``nnx.remat``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> seq = ops.Sequential(ops.RMSNorm(32), ops.Linear(32, 64), ops.Bias(64),
+      ...                      ops.Activation("gelu"), ops.Linear(64, 32), ops.Bias(32),
+      ...                      ops.AddResidual(), rngs=nnx.Rngs(0))
+      >>> [repr(op) for op in seq.fused_plan()]
+      ['RMSNorm', 'MLP(Linear, Bias, Activation, Linear, Bias)', 'AddResidual']
+      >>> seq(jnp.ones((4, 32), jnp.bfloat16)).shape
+      (4, 32)
     """
 
     def __init__(
