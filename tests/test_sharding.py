@@ -1,9 +1,9 @@
 """te_jax.sharding (MeshResource, the logical axis rules), and the sharded checks
 (tests/sharded/*_checks.py) run on a CPU mesh of 8 devices, in
-their own process: the device count must be set before jax starts, and this process's jax has
-started already. A long file runs as several processes (tests/sharded/conftest.py keeps one
-part of it in each: its tests' ``pytest.mark.part``, or contiguous runs), which pytest-xdist
-spreads over its workers."""
+their own processes: the device count must be set before jax starts, and this process's jax has
+started already. Small files share a process; a long file runs as several
+(tests/sharded/conftest.py keeps one part of it in each: its tests' ``pytest.mark.part``, or
+contiguous runs), which pytest-xdist spreads over its workers."""
 
 from __future__ import annotations
 
@@ -17,25 +17,34 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-# Each file: the fewest tests it holds (a file that collects fewer has lost some), and the
-# processes it is split over (the MLP steps are the slowest checks: their file marks each test
-# with its part, the rows that share an unsharded step in one, each part well under a minute).
+# Each file: the fewest tests it holds (a file that collects fewer has lost some).
 CHECK_FILES = {
-    "sharded_checks.py": (20, 1),
-    "quantized_sharded_checks.py": (20, 1),
-    "gemm_sharded_checks.py": (20, 1),
-    "mlp_sharded_checks.py": (21, 4),
-    "ops_sharded_checks.py": (4, 1),
+    "sharded_checks.py": 20,
+    "quantized_sharded_checks.py": 20,
+    "gemm_sharded_checks.py": 20,
+    "mlp_sharded_checks.py": 21,
+    "ops_sharded_checks.py": 4,
 }
-PARTS = [(f, k, n) for f, (_, n) in CHECK_FILES.items() for k in range(n)]
+# The processes: the files each runs, and its part of them (K of N). The small files share
+# one (starting a process and importing jax and te_jax takes seconds); the MLP steps, the
+# slowest checks, are split over two (their file marks each test with its part: a family's
+# rows, which share its unsharded steps, in one).
+PROCESSES = [
+    (("sharded_checks.py", "quantized_sharded_checks.py", "gemm_sharded_checks.py"), 0, 1),
+    (("mlp_sharded_checks.py",), 0, 2),
+    (("mlp_sharded_checks.py",), 1, 2),
+    (("ops_sharded_checks.py",), 0, 1),
+]
+
+
+def _process_id(files, k, n):
+    name = "+".join(f.removesuffix("_checks.py") for f in files)
+    return name if n == 1 else f"{name}-{k + 1}of{n}"
 
 
 @pytest.mark.long
-@pytest.mark.parametrize(
-    "checks, part, parts", PARTS, ids=[f if n == 1 else f"{f}-{k + 1}of{n}" for f, k, n in PARTS]
-)
-def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks, part, parts):
-    checks_path = TESTS / "sharded" / checks
+@pytest.mark.parametrize("files, part, parts", PROCESSES, ids=[_process_id(*p) for p in PROCESSES])
+def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, files, part, parts):
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -49,7 +58,7 @@ def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks, part, parts):
         sys.executable,
         "-m",
         "pytest",
-        str(checks_path),
+        *(str(TESTS / "sharded" / f) for f in files),
         "-q",
         "-p",
         "no:cacheprovider",
@@ -69,7 +78,7 @@ def test_sharded_checks_pass_on_8_cpu_devices(tmp_path, checks, part, parts):
     summary = re.search(rf"te_jax part {part}/{parts}: collected (\d+), kept (\d+)", proc.stdout)
     assert summary, log
     collected, kept = map(int, summary.groups())
-    assert collected >= CHECK_FILES[checks][0], (collected, log)
+    assert collected >= sum(CHECK_FILES[f] for f in files), (collected, log)
     assert kept >= 1 and counts["tests"] == kept, (counts, kept, log)
     assert counts["failures"] == counts["errors"] == counts["skipped"] == 0, (counts, log)
 

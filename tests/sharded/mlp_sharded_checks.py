@@ -283,19 +283,12 @@ CASES = [
     ("nnx", "delayed", "fsdp_tp", "swiglu", "bf16"),
     ("linen", "delayed", "dp_tp", "gelu", "f32"),
 ]
-# The processes (tests/test_sharding.py) the rows run in: those sharing unsharded steps
-# together, each part well under a minute.
-CASE_PARTS = {
-    ("linen", "bf16"): 0,
-    ("linen", "current"): 0,
-    ("linen", "delayed"): 1,
-    ("nnx", "bf16"): 2,
-    ("nnx", "delayed"): 2,
-}
 
 
+# The processes (tests/test_sharding.py) the rows run in: a family's rows, which share its
+# unsharded steps (an FP8 row reads the bf16 one's), in one; each part under a minute.
 def _case_part(case):
-    return 3 if case[4] == "f32" else CASE_PARTS[case[:2]]
+    return {"linen": 0, "nnx": 1}[case[0]]
 
 
 @pytest.mark.parametrize(
@@ -350,7 +343,7 @@ def test_bad_mesh_is_refused():
         jax.jit(step, in_shardings=(None, bad, None)).lower(state, x, labels).compile()
 
 
-@pytest.mark.part(2)
+@pytest.mark.part(1)
 @pytest.mark.parametrize("recipe", ["bf16", "delayed", "current"])
 def test_shard_map_on_local_shards(recipe):
     """A Megatron MLP written with shard_map (its default check_vma=True: te_jax's ops carry
@@ -420,7 +413,7 @@ def test_shard_map_on_local_shards(recipe):
 # amax of every shard, before the dgrad GEMM) without the norm, the case only the gather's own
 # backward holds to the sequence split. (The whole step under delayed scaling and sequence
 # parallelism is a row of test_step_equals_unsharded.)
-@pytest.mark.part(3)
+@pytest.mark.part(1)
 @pytest.mark.parametrize(
     "norm, recipe", [(True, "bf16"), (False, "current")], ids=["norm-bf16", "no_norm-current"]
 )
@@ -493,7 +486,7 @@ LOGICAL_CASES = {
 }
 
 
-@pytest.mark.part(3)
+@pytest.mark.part(0)
 @pytest.mark.parametrize("case", list(LOGICAL_CASES))
 def test_logical_constraint_shards_by_the_rules(case):
     """te_jax.sharding.logical_constraint under a mesh and MeshResource's rules: a replicated
