@@ -41,7 +41,7 @@ def test_every_page_is_in_the_site():
 
 
 # Guides whose ```python blocks run on a CPU, in order, in one namespace.
-RUNNABLE = ["getting_started.md"]
+RUNNABLE = ["getting_started.md", "activations.md"]
 
 
 def test_runnable_guides_run():
