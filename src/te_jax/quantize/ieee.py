@@ -34,6 +34,7 @@ every function is elementwise (the ``*max`` functions reduce) and jittable.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -352,6 +353,32 @@ def div(a, b) -> jax.Array:
     exactly on a half-integer, where an exact integer comparison of ``ma · 2^(sh+1)`` with
     ``(2n+1) · mb`` says which side ``x`` is on.
     """
+    a_bits, b_bits = _constant_bits(a), _constant_bits(b)
+    return _div_traced_once(
+        None if a_bits is not None else a, None if b_bits is not None else b, a_bits, b_bits
+    )
+
+
+def _constant_bits(x) -> int | None:
+    """A constant operand's float32 bit pattern (a static argument that tells -0.0 from 0.0 and
+    is equal to itself for NaN), or None for an array."""
+    return int(np.asarray(x, np.float32).view(np.uint32)) if _is_static(x) else None
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _div_traced_once(a, b, a_bits, b_bits):
+    """``_div`` traced once per operand shape and constant, not at each call (its long division
+    is a few hundred ops); XLA inlines the call, so the compiled program is the same. A
+    constant operand comes as its bits and is a constant again here."""
+
+    def operand(x, u):
+        return np.uint32(u).view(np.float32) if x is None else x
+
+    return _div(operand(a, a_bits), operand(b, b_bits))
+
+
+def _div(a, b) -> jax.Array:
+    """``div``'s computation (``a``, ``b``: float32 arrays or constants)."""
     pa, pb = _operand_parts(a), _operand_parts(b)
     ma, mb = pa.m, pb.m
     sign = pa.sign ^ pb.sign
