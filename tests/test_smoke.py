@@ -126,6 +126,32 @@ def test_gemm_dense_and_fused_mlp(rng):
     _close(y, y_of_h, 1e-5)
 
 
+def test_dot_general_and_the_normed_ops(rng):
+    """dot_general is lax.dot_general (here with a batch axis); layernorm_dense / layernorm_mlp
+    are the norm followed by dense / the MLP, in TransformerEngine-JAX's signatures."""
+    x, w1, w2, b1, b2 = _dense_inputs(rng)
+    gamma = jnp.ones((x.shape[-1],), jnp.float32)
+    beta = jnp.zeros((x.shape[-1],), jnp.float32)
+
+    @jax.jit
+    def run(x, w1, w2, b1, b2):
+        xb = jnp.stack([x, 2 * x])  # (2, M, K) against per-batch weights (2, K, N)
+        wb = jnp.stack([w1, w1])
+        dn = (((2,), (1,)), ((0,), (0,)))
+        got = te_jax.dot_general(xb, wb, dn)
+        want = jax.lax.dot_general(xb, wb, dn, precision="highest")
+        ln = (x - x.mean(-1, keepdims=True)) / jnp.sqrt(x.var(-1, keepdims=True) + 1e-6)
+        d = te_jax.layernorm_dense(x, w1, gamma, beta, b1)
+        m = te_jax.layernorm_mlp(x, gamma, beta, [w1, w2], [b1, b2], "layernorm")
+        m_want = te_jax.fused_mlp(ln.astype(x.dtype), w1, w2, b1, b2)
+        return got, want, d, te_jax.dense(ln.astype(x.dtype), w1, b1), m, m_want
+
+    got, want, d, d_want, m, m_want = run(x, w1, w2, b1, b2)
+    _close(got, want, 1e-5)
+    _close(d, d_want, 1e-4)
+    _close(m, m_want, 1e-4)
+
+
 @pytest.mark.parametrize("recipe", ["DelayedScaling", "CurrentScaling", "MXFP8BlockScaling"])
 def test_fp8_dense_with_a_quantizer_set(recipe, rng):
     """An FP8 dense and its gradients with each recipe's QuantizerSet: within FP8 noise of
