@@ -2,7 +2,7 @@
 background, the samples attributed to each row by wall-clock windows.
 
 A step held at the board's power limit runs at lower clocks than a burst does, so two rows'
-times compare only at the clocks they actually ran at (docs/performance.md). ``GpuClockLog``
+times compare only at the clocks they actually ran at (benchmarks/README.md). ``GpuClockLog``
 starts ``nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw -lms PERIOD`` for the GPU this
 process uses (the first entry of ``CUDA_VISIBLE_DEVICES``, else GPU 0) and, on exit, parses its
 samples; ``summary(windows)`` gives the median clock and power over the samples inside the given

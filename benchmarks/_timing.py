@@ -15,8 +15,8 @@ Method:
   sample, te_jax sample, ...), so clock or thermal drift hits both alike.
 - ``settle_s`` > 0 runs the function untimed for that long before each of its samples. On a
   GPU held at its power limit, a short sample otherwise starts at the clock the *previous*
-  function left behind, and a lighter or heavier neighbour biases it (docs/performance.md,
-  "Timing a power-limited step"). Settled, every sample runs at its own function's sustained
+  function left behind, and a lighter or heavier neighbour biases it (benchmarks/README.md,
+  "Timing a power-limited GPU"). Settled, every sample runs at its own function's sustained
   clock.
 - The reported time is the median of ``reps`` samples; the spread is (max - min) / median.
 
