@@ -228,7 +228,7 @@ def _significand(m):
 
 # The long division's steps between optimisation barriers on XLA:CPU. Without them XLA fuses the
 # whole 24-step chain, and where its operands are themselves exact products / quotients (NVFP4's
-# y·S / block_scale) XLA:CPU's compile time explodes (docs/performance.md). The barriers change
+# y·S / block_scale) XLA:CPU's compile time explodes (>45 s; 1.7 s with them). The barriers change
 # no value: each one only makes (q, r) a fusion boundary. Other backends get none: on XLA:GPU
 # each boundary is a kernel launch, six per division of delayed scaling's scalar state update.
 _DIV_STEPS_PER_FUSION = 4
