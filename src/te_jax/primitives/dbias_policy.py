@@ -5,7 +5,7 @@ The dact + dbias kernels write one float32 partial sum per (row group, column) t
 of the shape and dtype only, never of the device, so dbias has the same bits everywhere; on the
 CPU the groups are the thread-pool tasks.
 
-The numbers are tuned for the CUDA kernels (docs/performance.md has the timings behind
+The numbers are tuned for the CUDA kernels (ffi/activation/cuda/NOTES.md has the timings behind
 them): they run one block per (column tile of 32 16-byte vectors, batch, group), and
 more, shorter groups fill the last wave better at the cost of a larger workspace for the
 finalize to read. Changing them changes the CUDA kernels' speed (and the summation order, so
