@@ -13,7 +13,7 @@ them fuses across the GEMM boundary:
   gradient and ``dbias_1`` in one pass, as in ``dense``.
 * **Unquantized GELU**, with ``gelu_backward="dgelu"`` or
   ``"dgelu_bgrad"`` (the default ``"dact"`` is a separate dact pass, measured faster:
-  docs/performance.md): the backward's dgrad GEMM of ``kernel_2`` applies ``gelu'(h)`` in its
+  ffi/gemm/NOTES.md): the backward's dgrad GEMM of ``kernel_2`` applies ``gelu'(h)`` in its
   epilogue (cuBLASLt's DGELU), and with ``"dgelu_bgrad"`` reduces ``dbias_1`` there too (BGRAD;
   with ``"dgelu"`` ``dbias_1`` is a float32 sum of ``dh``), so ``dy₂ · kernel_2ᵀ`` never reaches
   memory. Its float32 product is multiplied by ``gelu'(h)`` before the one rounding, where §8's
