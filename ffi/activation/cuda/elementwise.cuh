@@ -3,7 +3,7 @@
 // act_lu.cu and dact.cu (NO_SCALING: the values in x's dtype), and by quantize.cuh for the
 // rowwise tensor-scaled FP8 outputs (codes fmt(y * scale), EltOut::kFp8) and the amax passes of
 // the two-pass modes (EltOut::kNone): those are elementwise too, and this flat index space keeps
-// more loads in flight than quantize.cuh's tiles (docs/performance.md compares them).
+// more loads in flight than quantize.cuh's tiles (NOTES.md, "Quantized path", compares them).
 //
 // Index space: the output of act_lu / the upstream gradient dz, [rows, H], cut into "units" of
 // kVec consecutive elements (one 16-byte access; kVec = 1 on the scalar path).
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, (kEltBlocksPerSm<Spec, kBwd, kOut>))
 // Loads per unit (each one 16-byte access on the vector path) and the unroll that keeps 4 (6 for
 // gated backward) independent loads in flight per thread. The unquantized non-gated forward
 // instead runs one unit per thread with twice the threads per SM, which beat 2 or 4 units per
-// thread at 4 blocks per SM, float32 and bf16 alike (docs/performance.md).
+// thread at 4 blocks per SM, float32 and bf16 alike (NOTES.md, "Elementwise kernel").
 template <typename Spec, bool kBwd, EltOut kOut>
 constexpr int kEltUnroll = kEltThinForward<Spec, kBwd, kOut> ? 1
                            : (Spec::kGated ? 2 : 1) + (kBwd ? 1 : 0) >= 3
@@ -305,7 +305,7 @@ cudaError_t launch_eltwise_batches(EltArgs<T> a, int64_t rows, int64_t hidden,
 
   const uint64_t per_block = static_cast<uint64_t>(kThreads) * kUnroll;
   // One block per kThreads * kUnroll units, not a persistent grid: a grid capped at
-  // kEltBlocksPerSm blocks per SM was slower (docs/performance.md). The grid-stride loop
+  // kEltBlocksPerSm blocks per SM was slower (NOTES.md). The grid-stride loop
   // then runs once per thread, unless cfg.max_blocks (tests) or the grid's limits cap the grid.
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
   const uint64_t gx = std::clamp<uint64_t>((a.n_units + per_block - 1) / per_block, 1,
