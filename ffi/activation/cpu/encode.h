@@ -7,7 +7,7 @@
 // mask-arithmetic selects to 8 and 16 bits ("over-widening"), repacking every compare mask to
 // bytes with permutes. Here the selects are ?: of uint32_t values (a compare and a blend or a
 // masked op in a vector loop), which stay on 32-bit lanes; the value is cut to a byte when
-// stored, so the loops vectorise without repacking (docs/performance.md has the timings).
+// stored, so the loops vectorise without repacking (NOTES.md has the timings).
 //
 // The math is formats.h's (restated here): for |v| = a (bits) at or above the smallest normal
 // 2^emin, n = (a - rebias + half - 1 + lsb) >> drop rounds the dropped mantissa bits to nearest
