@@ -32,7 +32,7 @@ TE_HD float exp(float x) {
 // on the device against double. erf(0) is exactly 0 (the fit has no constant term),
 // erf(+-inf) = +-1, erf(NaN) = NaN. CUDA's erff (1 ulp) selected its 7 coefficients per value
 // between two ranges and branched to exp2 for |x| >= 1, which diverged in most warps and left the
-// exact GeGLU forward behind XLA's own fusion (more instructions per element; docs/performance.md).
+// exact GeGLU forward behind XLA's own fusion (activation/cuda/NOTES.md, "Device math").
 // Only GELU-erf uses it, as 0.5 * (1 + erf(x / sqrt 2)), where docs/numerics.md §7 allows 2e-5.
 TE_HD float erf(float x) {
 #if defined(__CUDA_ARCH__)
@@ -57,7 +57,7 @@ TE_HD float erf(float x) {
 // about 2|x| ulps from rounding x * log2(e) (kernel_test measures it against float64 over the
 // whole range), far inside docs/numerics.md §7's 1e-5. The correctly rounded pair
 // (expf, __frcp_rn) makes the GELU-based kernels instruction-bound rather than memory-bound
-// (docs/performance.md).
+// (activation/cuda/NOTES.md, "Device math").
 TE_HD float sigmoid(float x) {
 #if defined(__CUDA_ARCH__)
   return __fdividef(1.0f, 1.0f + __expf(-x));
