@@ -70,3 +70,19 @@ def test_docstring_examples_run():
                     ran += 1
     assert ran >= 10, ran
     assert runner.failures == 0, f"{runner.failures} docstring example(s) failed (output above)"
+
+
+def test_performance_page_is_a_reference():
+    """docs/performance.md is a reference page, not a lab notebook: at most 250 lines, every image
+    it shows is under docs/, no commit hashes, issue numbers or dates (git keeps the history), and
+    its first table, the headline, is the README's performance table."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    assert len(text.splitlines()) <= 250, len(text.splitlines())
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert images and [i for i in images if not (ROOT / "docs" / i).is_file()] == []
+    hex_word = r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"
+    assert re.findall(hex_word, text) == [], "commit hashes"
+    assert re.findall(r"\bissues?\b|(?<!\w)#\d+\b", text, flags=re.I) == [], "issue references"
+    assert re.findall(r"\b\d{4}-\d{2}-\d{2}\b", text) == [], "dates"
+    headline = re.search(r"^\|.*\|\n(?:\|.*\|\n)+", text, flags=re.M).group()
+    assert headline in (ROOT / "README.md").read_text(), "README's table differs from the site's"
