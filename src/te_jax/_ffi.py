@@ -76,6 +76,13 @@ def ffi_available(platform: str | None = None) -> bool:
     This says what was built and loaded, not that such a device exists: ``ffi_available("cuda")``
     is True wherever the CUDA extension loaded, a machine without a GPU included. Whether the ops
     will run te_jax's kernels on the device JAX uses is ``te_jax.kernels_enabled()``.
+
+    Example:
+      >>> import te_jax
+      >>> te_jax.ffi_available("gpu") == te_jax.ffi_available("cuda")     # the same platform
+      True
+      >>> te_jax.ffi_available("cpu")             # pip builds the CPU extension  # doctest: +SKIP
+      True
     """
     return _canonical(platform) in _registered
 

@@ -144,6 +144,20 @@ def quantize_dact_dbias(
       x: the activation's input.
       is_dbias: whether to compute dbias.
       Others as for ``act_lu``.
+
+    Returns:
+      ``(dx, dbias)``: dx ``(..., H)`` or gated ``(..., 2, H)`` in x's dtype; dbias ``(H,)`` /
+      ``(2, H)`` in x's dtype, or ``None``.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> x = jnp.linspace(-2.0, 2.0, 64).reshape(4, 2, 8)   # gated: (..., 2, H)
+      >>> dz = jnp.ones((4, 8), jnp.float32)                  # x's shape without the 2
+      >>> dx, dbias = te_jax.quantize_dact_dbias(dz, x, "swiglu")
+      >>> dx.shape, dbias.shape
+      ((4, 2, 8), (2, 8))
+      >>> bool(jnp.allclose(dbias, dx.sum(axis=0)))
+      True
     """
     op = "quantize_dact_dbias"
     act, params = _prepare(op, x, activation_type, act_params)
@@ -167,6 +181,11 @@ def dact_lu(
     implementation: str | None = None,
 ) -> jax.Array:
     """Activation gradient: ``quantize_dact_dbias(..., is_dbias=False)[0]``.
+
+    ``dx = f'(x) · dz`` (gated: ``dx[..., 0, :] = f'(a)·dz·b``, ``dx[..., 1, :] = f(a)·dz``),
+    computed in float32 and rounded once to x's dtype. ``dz`` has x's shape without the act
+    axis and x's dtype; ``dx`` has x's shape and dtype (a ``ScaledTensor`` with
+    ``quantizer``). Arguments as for ``quantize_dact_dbias``.
 
     Example:
       >>> import jax.numpy as jnp, te_jax
@@ -207,6 +226,16 @@ def activation(
     (straight through the quantization). The cotangent of ``quantizer`` is the quantizer's next
     state (``quantizer.update(amax)`` for delayed scaling), the convention of ``te_jax.recipe``.
     Use a rowwise layout (``ROWWISE_COLWISE`` where ``dense`` is differentiated).
+
+    Shapes and dtypes as for ``act_lu``: ``(..., H) -> (..., H)``, gated
+    ``(..., 2, H) -> (..., H)``, in x's dtype. Its derivatives are docs/numerics.md §1's:
+    ``relu'(0) = 0`` at the kink.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax
+      >>> x = jnp.array([-1.0, 0.0, 2.0])
+      >>> jax.grad(lambda x: te_jax.activation(x, "relu").sum())(x).tolist()
+      [0.0, 0.0, 1.0]
     """
     act, params = _prepare("activation", x, activation_type, act_params)
     if quantizer is None:

@@ -160,7 +160,16 @@ _COMPONENTS: dict[str, _Pair] = {
 
 def component(name: str) -> _Pair:
     """One component by name (``"gelu"``, ``"relu"``, ...): ``fn(x, params) -> (f(x), f'(x))``
-    in x's dtype, the math every op uses (the GEMM's epilogues too)."""
+    in x's dtype, the math every op uses (the GEMM's epilogues too). ``params`` is an
+    ``ActivationParams`` (the clamped components) or ``None``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> f, df = ref.component("relu")(jnp.array([-1.0, 0.0, 2.0]), None)
+      >>> f.tolist(), df.tolist()
+      ([0.0, 0.0, 2.0], [0.0, 0.0, 1.0])
+    """
     return _COMPONENTS[name]
 
 
@@ -184,7 +193,18 @@ def _resolve(activation_type, act_params) -> tuple[ActivationType, ActivationPar
 
 
 def act_lu(x: jax.Array, activation_type: ActivationLike = ("gelu",), act_params=None) -> jax.Array:
-    """Activation forward: ``(..., H) -> (..., H)``, or gated ``(..., 2, H) -> (..., H)``."""
+    """Activation forward: ``(..., H) -> (..., H)``, or gated ``(..., 2, H) -> (..., H)``.
+
+    ``y = f(x)``, gated ``y = f(x[..., 0, :]) · lin(x[..., 1, :])``; float32 arithmetic
+    (float64 for float64 x), rounded once to x's dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> x = jnp.linspace(-3.0, 3.0, 8)
+      >>> bool(jnp.allclose(ref.act_lu(x, "gelu"), jax.nn.gelu(x, approximate=True), atol=1e-6))
+      True
+    """
     act, params = _resolve(activation_type, act_params)
     xf = x.astype(_compute_dtype(x.dtype))
     if not act.is_gated:
@@ -216,6 +236,16 @@ def dact_lu(
     """Activation gradient: ``dz (..., H)``, ``x`` as for ``act_lu`` -> ``dx`` of x's shape.
 
     Gated: ``dx[..., 0, :] = f'(a)·dz·lin(b)``, ``dx[..., 1, :] = lin'(b)·dz·f(a)``.
+    In x's dtype (float32 arithmetic); ``dz`` in any float dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> x = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)      # gated: a = x[0], b = x[1]
+      >>> dx = ref.dact_lu(jnp.ones((8,)), x, "swiglu")
+      >>> silu, dsilu = jax.nn.silu(x[0]), jax.vmap(jax.grad(jax.nn.silu))(x[0])
+      >>> dx.shape, bool(jnp.allclose(dx[0], dsilu * x[1])), bool(jnp.allclose(dx[1], silu))
+      ((2, 8), True, True)
     """
     act, params = _resolve(activation_type, act_params)
     return _dact_compute(dz, x, act, params).astype(x.dtype)
@@ -231,6 +261,14 @@ def quantize_dact_dbias(
     """``dact_lu`` and ``dbias``: the float32 sum of dx over every axis but the feature axes.
 
     ``dbias`` has shape ``(H,)`` (non-gated) or ``(2, H)`` (gated), in x's dtype.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> x = jnp.tile(jnp.linspace(-1.0, 1.0, 8), (4, 1))  # columns 0-3 negative
+      >>> dx, dbias = ref.quantize_dact_dbias(jnp.ones((4, 8)), x, "relu")
+      >>> dbias.tolist()                                   # relu'(x) summed over the rows
+      [0.0, 0.0, 0.0, 0.0, 4.0, 4.0, 4.0, 4.0]
     """
     act, params = _resolve(activation_type, act_params)
     dxf = _dact_compute(dz, x, act, params)
@@ -248,6 +286,15 @@ def act_lu_tangent(
     Non-gated: ``ẏ = f'(x)·t``. Gated: ``ẏ = f'(a)·(lin(b)·t_a) + lin'(b)·(f(a)·t_b)``, shape
     ``(..., H)``. Its transpose is ``dact_lu``; the products are nested so that the transpose
     multiplies in ``dact_lu``'s order (``(f'(a)·dz)·lin(b)``), giving the same float32 values.
+    ``t`` has x's shape; the result has ``act_lu``'s shape, in x's dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> x, t = jnp.linspace(-2.0, 2.0, 8), jnp.ones(8)
+      >>> tangent = ref.act_lu_tangent(t, x, "silu")                    # silu'(x) · t
+      >>> bool(jnp.allclose(tangent, jax.jvp(jax.nn.silu, (x,), (t,))[1], atol=1e-6))
+      True
     """
     act, params = _resolve(activation_type, act_params)
     cdt = _compute_dtype(x.dtype)
@@ -279,7 +326,14 @@ def activation(
 
     Its JVP is ``act_lu_tangent``, so ``jax.grad`` gives ``dact_lu`` (the transpose), at the kinks
     too (``relu'(0) = 0``, inclusive clamp masks) where autodiff of ``act_lu`` would halve;
-    ``jax.jvp`` / ``jacfwd`` and every higher order work.
+    ``jax.jvp`` / ``jacfwd`` and every higher order work. Shapes and dtypes as ``act_lu``'s.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> x = jnp.array([-1.0, 0.0, 2.0])
+      >>> jax.grad(lambda x: ref.activation(x, "relu").sum())(x).tolist()   # relu'(0) = 0
+      [0.0, 0.0, 1.0]
     """
     act, params = _resolve(activation_type, act_params)
     return _activation(x, act, params)
@@ -298,8 +352,20 @@ def _bias_act(act: ActivationType):
         cdt = _compute_dtype(jnp.result_type(x, bias))
         return fn(x.astype(cdt) + bias.astype(cdt), None)[0].astype(x.dtype)
 
-    bias_act.__name__ = f"bias_{act.names[0]}"
-    bias_act.__doc__ = f"``{act.names[0]}(x + bias)``, computed in float32, in x's dtype."
+    name = act.names[0]
+    bias_act.__name__ = f"bias_{name}"
+    bias_act.__doc__ = f"""``{name}(x + bias)``, computed in float32, in x's dtype.
+
+    ``x (..., H)``, ``bias (H,)`` (broadcast against x) -> ``(..., H)``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> x, bias = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8), jnp.full((8,), 0.5)
+      >>> y = ref.bias_{name}(x, bias)
+      >>> y.shape, bool(jnp.allclose(y, ref.act_lu(x + bias, "{name}")))
+      ((4, 8), True)
+    """
     return bias_act
 
 
@@ -312,11 +378,23 @@ def _bgrad_dact(act: ActivationType):
         bgrad = jnp.sum(dact, axis=tuple(range(dact.ndim - bias.ndim)))
         return bgrad.astype(bias.dtype), dact.astype(x.dtype)
 
-    bgrad_dact.__name__ = f"bgrad_d{act.names[0]}"
-    bgrad_dact.__doc__ = (
-        f"``(bgrad, dact)``: ``dact = grad * {act.names[0]}'(x + bias)`` and ``bgrad`` its sum "
-        "over the leading axes (bias's shape)."
-    )
+    name = act.names[0]
+    bgrad_dact.__name__ = f"bgrad_d{name}"
+    bgrad_dact.__doc__ = f"""``(bgrad, dact)``: ``dact = grad * {name}'(x + bias)`` and
+    ``bgrad`` its sum over the leading axes (bias's shape).
+
+    ``grad`` and ``x`` ``(..., H)``, ``bias (H,)``; ``dact`` in x's dtype, ``bgrad`` in bias's.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import activation_reference as ref
+      >>> x, bias = jnp.linspace(-1.0, 1.0, 32).reshape(4, 8), jnp.full((8,), 0.5)
+      >>> bgrad, dact = ref.bgrad_d{name}(jnp.ones((4, 8)), x, bias)
+      >>> bgrad.shape, bool(jnp.allclose(dact, ref.dact_lu(jnp.ones((4, 8)), x + bias, "{name}")))
+      ((8,), True)
+      >>> bool(jnp.allclose(bgrad, dact.sum(axis=0)))
+      True
+    """
     return bgrad_dact
 
 
@@ -342,7 +420,19 @@ def bias_dropout_add(
 ) -> jax.Array:
     """``residual + dropout(x + bias, prob)``; dropout keeps with probability ``1 - prob`` and
     scales kept values by ``1 / (1 - prob)``. With ``training=False`` or ``prob == 0`` it is
-    ``residual + x + bias`` exactly and ``key`` may be ``None``."""
+    ``residual + x + bias`` exactly and ``key`` may be ``None``. ``x`` and ``residual`` of one
+    shape, ``bias`` broadcast against them; the result in residual's dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax.activation_reference import bias_dropout_add
+      >>> x, bias, residual = jnp.ones((2, 4)), jnp.ones((4,)), jnp.full((2, 4), 10.0)
+      >>> bias_dropout_add(x, bias, residual, 0.5, None, training=False)[0].tolist()
+      [12.0, 12.0, 12.0, 12.0]
+      >>> y = bias_dropout_add(x, bias, residual, 0.5, jax.random.key(0), training=True)
+      >>> sorted(set(y.ravel().tolist()))                     # dropped, or 10 + 2 / (1 - 0.5)
+      [10.0, 14.0]
+    """
     h = x if bias is None else x + bias
     if training and not (isinstance(prob, (int, float)) and prob == 0.0):
         if key is None:
@@ -355,7 +445,16 @@ def bias_dropout_add(
 
 
 def get_bias_dropout_add(training: bool) -> Callable[..., jax.Array]:
-    """``fn(x, bias, residual, prob, key)`` with ``training`` bound (TE's factory)."""
+    """``fn(x, bias, residual, prob, key)`` with ``training`` bound (TE's factory): the
+    ``bias_dropout_add`` of training (``key`` needed for ``prob > 0``) or of evaluation.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.activation_reference import get_bias_dropout_add
+      >>> fn = get_bias_dropout_add(training=False)
+      >>> fn(jnp.ones((2, 4)), None, jnp.ones((2, 4)), 0.1)[0].tolist()   # residual + x
+      [2.0, 2.0, 2.0, 2.0]
+    """
 
     def fn(x, bias, residual, prob, key=None):
         return bias_dropout_add(x, bias, residual, prob, key, training)

@@ -38,6 +38,17 @@ class ActivationType(NamedIntEnum):
     component functions (TE's tuple form: the activation, and ``"linear"`` or
     ``"clamped_linear"`` for the linear half of a gated one), ``names`` the single-string
     names that select it.
+
+    Non-gated: ``y = f(x)``, ``(..., H) -> (..., H)``; gated: ``y = f(a) · b`` with
+    ``a = x[..., 0, :]``, ``b = x[..., 1, :]``, ``(..., 2, H) -> (..., H)``.
+
+    Example:
+      >>> from te_jax import ActivationType
+      >>> act = ActivationType.parse("swiglu")          # or ("silu", "linear")
+      >>> act, act.names, act.is_gated
+      (<ActivationType.SWIGLU: 4>, ('silu', 'linear'), True)
+      >>> act.output_shape((4, 2, 8)), act.feature_shape((4, 2, 8))
+      ((4, 8), (2, 8))
     """
 
     GELU = 0, ("gelu",), ("gelu",)
@@ -153,7 +164,17 @@ def _as_float(name: str, value) -> float:
 class ClampedSwiGLUParams:
     """GPT-OSS clamped SwiGLU parameters.
 
-    ``m = min(a, limit)``; ``y = m·σ(alpha·m) · (clip(b, -limit, limit) + glu_linear_offset)``.
+    ``m = min(a, limit)``; ``y = m·σ(alpha·m) · (clip(b, -limit, limit) + glu_linear_offset)``,
+    with ``a = x[..., 0, :]`` and ``b = x[..., 1, :]`` of the gated input ``(..., 2, H)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax
+      >>> p = te_jax.ClampedSwiGLUParams(limit=7.0, alpha=1.702, glu_linear_offset=1.0)
+      >>> x = jnp.array([[8.0, -1.0], [0.5, 9.0]])     # a = [8, -1], b = [0.5, 9]
+      >>> y = te_jax.act_lu(x, "clamped_swiglu", act_params=te_jax.ActivationParams(p))
+      >>> m, b = jnp.minimum(x[0], 7.0), jnp.clip(x[1], -7.0, 7.0)
+      >>> bool(jnp.allclose(y, m * jax.nn.sigmoid(1.702 * m) * (b + 1.0)))
+      True
     """
 
     limit: float = 7.0
@@ -169,7 +190,19 @@ class ClampedSwiGLUParams:
 
 @dataclasses.dataclass(frozen=True)
 class ActivationParams:
-    """Runtime parameters of the parametrised activations. Frozen and hashable (a static arg)."""
+    """Runtime parameters of the parametrised activations. Frozen and hashable (a static arg).
+
+    Attributes:
+      clamped_swiglu: ``ClampedSwiGLUParams`` of ``"clamped_swiglu"`` (its defaults when
+        ``None``); the other activations take none.
+
+    Example:
+      >>> import te_jax
+      >>> te_jax.ActivationParams.create("clamped_swiglu", limit=5.0).clamped_swiglu.limit
+      5.0
+      >>> te_jax.ActivationParams.create("gelu") is None
+      True
+    """
 
     clamped_swiglu: ClampedSwiGLUParams | None = None
 

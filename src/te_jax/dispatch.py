@@ -78,6 +78,13 @@ def kernels_enabled(backend: str | None = None) -> bool:
     registered and ``TE_JAX_IMPLEMENTATION`` does not force the pure-JAX path. Unlike
     ``ffi_available``, which only says the targets are registered, this answers for a backend
     JAX can use: on a machine without a GPU, ``kernels_enabled()`` is about the CPU.
+
+    Example:
+      >>> import te_jax
+      >>> te_jax.kernels_enabled("cpu") <= te_jax.ffi_available("cpu")   # kernels need it built
+      True
+      >>> te_jax.kernels_enabled()       # a CPU-only machine with the extension  # doctest: +SKIP
+      True
     """
     if environment_implementation() == "xla":
         return False

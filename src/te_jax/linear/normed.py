@@ -71,6 +71,9 @@ def layernorm_dense(
 ) -> jax.Array:
     """``y = norm(x) · kernel + bias`` (TE-JAX's ``layernorm_dense``).
 
+    ``norm`` is ``(x - mean) / sqrt(var + epsilon) · gamma + beta`` (``"layernorm"``) or
+    ``x / sqrt(mean(x²) + epsilon) · gamma`` (``"rmsnorm"``) over the last axis, in float32.
+
     Args:
       x: ``(..., H)`` in the compute dtype.
       kernel: ``(H, *F)``.
@@ -85,6 +88,17 @@ def layernorm_dense(
 
     Returns:
       ``(..., *F)`` in x's dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> kernel, gamma = jnp.full((32, 16), 0.1), jnp.ones((32,))
+      >>> y = te_jax.layernorm_dense(x, kernel, gamma, None, norm_type="rmsnorm")
+      >>> y.shape, y.dtype
+      ((4, 16), dtype('float32'))
+      >>> rms = jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+      >>> bool(jnp.allclose(y, (x / rms) @ kernel, atol=1e-5))
+      True
     """
     del batch_first
     where = "te_jax.layernorm_dense"
@@ -130,6 +144,15 @@ def layernorm_mlp(
 
     Returns:
       ``(..., H)`` in x's dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> x = jnp.ones((4, 32), jnp.bfloat16)
+      >>> w1, w2 = jnp.full((32, 2, 64), 0.01), jnp.full((64, 32), 0.01)   # gated W1 (H, 2, I)
+      >>> out = te_jax.layernorm_mlp(x, jnp.ones((32,)), jnp.zeros((32,)), [w1, w2],
+      ...                            [None, None], activation_type=("silu", "linear"))
+      >>> out.shape, out.dtype
+      ((4, 32), dtype(bfloat16))
     """
     del batch_first
     where = "te_jax.layernorm_mlp"
