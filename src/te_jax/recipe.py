@@ -94,7 +94,16 @@ FP8_FORMATS = {
 class Format(enum.Enum):
     """TransformerEngine's FP8 formats, accepted as a recipe's ``fp8_format``: ``E4M3`` for
     every tensor, ``HYBRID`` (E4M3 forward, E5M2 gradient); ``E5M2`` for every tensor is
-    TransformerEngine's too but no te_jax recipe takes it."""
+    TransformerEngine's too but no te_jax recipe takes it.
+
+    Example:
+      >>> from te_jax.recipe import DelayedScaling, Format
+      >>> r = DelayedScaling(fp8_format=Format.E4M3)
+      >>> r.fp8_format, r.forward_dtype, r.grad_dtype
+      ('E4M3', dtype(float8_e4m3fn), dtype(float8_e4m3fn))
+      >>> DelayedScaling(fp8_format=Format.HYBRID).grad_dtype
+      dtype(float8_e5m2)
+    """
 
     E4M3 = "E4M3"
     E5M2 = "E5M2"
@@ -121,7 +130,19 @@ def _check_format(recipe: str, fp8_format) -> str:
 
 
 class Recipe:
-    """Base class of the recipes: ``fp8_format`` and the quantizers it makes."""
+    """Base class of the recipes: ``fp8_format`` and the quantizers it makes.
+
+    ``make_quantizer(role)`` gives the quantizer of ``"x"`` / ``"kernel"`` (``forward_dtype``,
+    E4M3) or ``"grad"`` (``grad_dtype``); ``QuantizerSet.create(recipe)`` calls it for the three.
+
+    Example:
+      >>> from te_jax import recipe
+      >>> [r().grad_dtype.name for r in (recipe.DelayedScaling, recipe.CurrentScaling,
+      ...                                 recipe.MXFP8BlockScaling)]
+      ['float8_e5m2', 'float8_e5m2', 'float8_e4m3fn']
+      >>> recipe.CurrentScaling().make_quantizer("grad")
+      CurrentScaleQuantizer(q_dtype=dtype(float8_e5m2), q_layout=<QuantizeLayout.ROWWISE: 0>)
+    """
 
     fp8_format: str
 
@@ -150,6 +171,17 @@ class DelayedScaling(Recipe):
       amax_history_len: the length ``L`` of each quantizer's amax history.
       margin: the ``2^-margin`` headroom of the scale.
       amax_compute_algo: ``"max"`` (the history's maximum) or ``"most_recent"``.
+
+    ``Q`` is the format's largest value (448 for E4M3, 57344 for E5M2). The quantizers' state
+    is float32: ``scale ()`` (1 at first) and ``amax_history (L,)`` (zeros at first).
+
+    Example:
+      >>> import te_jax
+      >>> q = te_jax.recipe.DelayedScaling(amax_history_len=4, margin=1).make_quantizer("x")
+      >>> float(q.scale), q.amax_history.shape
+      (1.0, (4,))
+      >>> float(q.update(2.0).scale)         # (448 / 2) / 2**1, after a step with amax 2
+      112.0
     """
 
     fp8_format: str = "HYBRID"
@@ -180,9 +212,20 @@ class DelayedScaling(Recipe):
 class CurrentScaling(Recipe):
     """Current tensor scaling (docs/numerics.md §4): each tensor is quantized with
     ``scale = Q / max|tensor|`` of the tensor itself (two passes over it; no state).
+    ``Float8CurrentScaling`` is the same class (TransformerEngine's name).
 
     Args:
       fp8_format: ``"HYBRID"`` (the default) or ``"E4M3"``.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> q = te_jax.recipe.CurrentScaling().make_quantizer("x")
+      >>> x = jnp.array([[1.0, -2.0, 4.0, 0.5]])
+      >>> st = te_jax.quantize.quantize(x, q)       # scale = 448 / max|x| = 112
+      >>> st.data.dtype, float(st.amax), float(st.data[0, 2].astype(jnp.float32))
+      (dtype(float8_e4m3fn), 4.0, 448.0)
+      >>> (st.data.astype(jnp.float32) * st.scale_inv).tolist()     # dequantized
+      [[1.0, -2.0, 4.0, 0.5]]
     """
 
     fp8_format: str = "HYBRID"
@@ -211,6 +254,18 @@ class MXFP8BlockScaling(Recipe):
     Args:
       fp8_format: ``"E4M3"`` (the default: E4M3 throughout, as in TransformerEngine) or
         ``"HYBRID"`` (E5M2 gradient).
+
+    Per block ``b`` of 32: ``scale_inv_b = 2^ceil(log2(amax_b / 448))`` (E8M0), and the data
+    ``q = sat(y / scale_inv_b)`` (E4M3); ``(M, N)`` data has ``(M, N / 32)`` rowwise scales.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> q = te_jax.recipe.MXFP8BlockScaling().make_quantizer("x")
+      >>> st = te_jax.quantize.quantize(jnp.ones((4, 64), jnp.bfloat16), q)
+      >>> st.data.shape, st.scale_inv.shape, st.scale_inv.dtype
+      ((4, 64), (4, 2), dtype(float8_e8m0fnu))
+      >>> float(st.scale_inv[0, 0].astype(jnp.float32))        # 2^ceil(log2(1 / 448))
+      0.00390625
     """
 
     fp8_format: str = "E4M3"
@@ -240,6 +295,14 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
     FP8 state is created then), a Linen module whenever it is traced (``init``, and every
     ``apply`` under ``jit``: a jitted step traced outside the context keeps running without it,
     so enter it around the first call, or make the recipe a module field).
+
+    Example:
+      >>> import te_jax.nnx
+      >>> from flax import nnx
+      >>> with te_jax.autocast(recipe=te_jax.recipe.CurrentScaling()):
+      ...     layer = te_jax.nnx.Linear(32, 16, rngs=nnx.Rngs(0))   # recipe=None: autocast's
+      >>> type(layer.quantizers.recipe).__name__
+      'CurrentScaling'
     """
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(
@@ -255,7 +318,17 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
 
 
 def autocast_recipe(recipe: Recipe | None = None) -> Recipe | None:
-    """``recipe`` if given, else the innermost active ``autocast``'s (``None`` outside one)."""
+    """``recipe`` if given, else the innermost active ``autocast``'s (``None`` outside one).
+
+    Example:
+      >>> import te_jax
+      >>> from te_jax.recipe import DelayedScaling, autocast_recipe
+      >>> with te_jax.autocast():                      # recipe=None: DelayedScaling()
+      ...     type(autocast_recipe()).__name__, autocast_recipe(DelayedScaling(margin=1)).margin
+      ('DelayedScaling', 1)
+      >>> autocast_recipe() is None
+      True
+    """
     return recipe if recipe is not None else _AUTOCAST.get()
 
 
@@ -272,6 +345,19 @@ class QuantizerSet:
     (stack one per layer) and ``custom_vjp``. The layout each tensor needs (rowwise for the
     forward GEMM, colwise for the backward ones) is chosen by ``te_jax.dense``; the quantizers'
     own ``q_layout`` is not used.
+
+    The recipes' dtypes: ``x`` and ``kernel`` E4M3, ``grad`` E5M2 (``"HYBRID"``) or E4M3.
+    Delayed scaling's state, per quantizer: float32 ``scale ()`` and ``amax_history (L,)``.
+
+    Example:
+      >>> import te_jax
+      >>> qs = te_jax.QuantizerSet.create(te_jax.recipe.DelayedScaling(amax_history_len=16))
+      >>> qs.scaling_mode.name, qs.x.q_dtype, qs.grad.q_dtype
+      ('DELAYED_TENSOR_SCALING', dtype(float8_e4m3fn), dtype(float8_e5m2))
+      >>> {name: value.shape for name, value in qs.state().items() if name.startswith("x_")}
+      {'x_scale': (), 'x_amax_history': (16,)}
+      >>> te_jax.QuantizerSet.create(None).is_empty
+      True
     """
 
     x: Any = None

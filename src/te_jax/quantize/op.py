@@ -34,6 +34,29 @@ def quantize(
     has one for the backend, pure JAX otherwise or under ``TE_JAX_IMPLEMENTATION=xla``),
     ``"ffi"`` or ``"xla"`` (``te_jax.quantize.reference.quantize``); both give the same bits.
     Not differentiable (``te_jax.quantized_output``).
+
+    Args:
+      x: ``(..., N)`` float32, bfloat16 or float16.
+      quantizer: a ``DelayedScaleQuantizer``, ``CurrentScaleQuantizer``, ``MXFP8Quantizer`` or
+        ``NVFP4Quantizer``; its ``q_layout`` says which copies are written.
+      implementation: ``None``, ``"ffi"`` or ``"xla"``.
+      n_feature_axes: how many trailing axes form N.
+
+    Returns:
+      A ``ScaledTensor``: ``data`` in x's shape and the quantizer's ``q_dtype`` (rowwise),
+      ``colwise_data`` (colwise: ``(N, M)`` for tensor scaling, x's shape for block scaling),
+      their ``scale_inv``; ``dequantize()`` is ``data · scale_inv`` in x's dtype.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import CurrentScaleQuantizer, QuantizeLayout, quantize
+      >>> x = jnp.linspace(-1.0, 1.0, 128, dtype=jnp.float32).reshape(4, 32)
+      >>> st = quantize(x, CurrentScaleQuantizer(jnp.float8_e4m3fn, QuantizeLayout.ROWWISE_COLWISE))
+      >>> st.data.shape, st.colwise_data.shape, st.data.dtype, st.scale_inv.shape
+      ((4, 32), (32, 4), dtype(float8_e4m3fn), ())
+      >>> x_approx = st.data.astype(jnp.float32) * st.scale_inv       # data · scale_inv
+      >>> bool(jnp.allclose(x_approx, x, rtol=2**-4, atol=2**-9))      # E4M3: 3 mantissa bits
+      True
     """
     check_input_dtype("te_jax.quantize.quantize", jnp.result_type(x))
     if jnp.ndim(x) < 1:

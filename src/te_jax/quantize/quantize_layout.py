@@ -18,6 +18,15 @@ class QuantizeLayout(NamedIntEnum):
     Rowwise data has the input's shape, blocks (if any) along the last axis. Colwise data is the
     operand a GEMM contracting over the rows needs: for tensor scaling the transpose of the
     flattened 2-D tensor, for block scaling the input's shape with blocks running down the rows.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import CurrentScaleQuantizer, QuantizeLayout, quantize
+      >>> QuantizeLayout.ROWWISE_COLWISE.has_colwise, QuantizeLayout.COLWISE.has_rowwise
+      (True, False)
+      >>> st = quantize(jnp.ones((4, 32)), CurrentScaleQuantizer(q_layout=QuantizeLayout.COLWISE))
+      >>> st.data is None, st.colwise_data.shape              # (M, N) -> (N, M)
+      (True, (32, 4))
     """
 
     ROWWISE = 0

@@ -66,6 +66,15 @@ class Quantizer:
     Subclasses are frozen dataclasses; ``_leaf_fields`` names their array fields (pytree leaves),
     every other field is static. Unflattening bypasses ``__init__``, so the leaves may be any
     objects JAX puts there (tracers, batching specs, ``None``).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import Quantizer, ScalingMode
+      >>> q = Quantizer.for_mode(ScalingMode.MXFP8_1D_SCALING, jnp.float8_e4m3fn, "rowwise")
+      >>> q
+      MXFP8Quantizer(q_dtype=dtype(float8_e4m3fn), q_layout=<QuantizeLayout.ROWWISE: 0>)
+      >>> q.q_max
+      448.0
     """
 
     scaling_mode: ClassVar[ScalingMode]
@@ -142,7 +151,15 @@ class CurrentScaleQuantizer(Quantizer):
 
     ``scale = Q / max|y|`` (1 when the amax is 0, float32 max when the quotient overflows);
     ``q = sat(y · scale)``; ``scale_inv = 1 / scale``. Two passes over the data (amax, then
-    quantize); no state.
+    quantize); no state. ``Q`` is ``q_max``: 448 (E4M3) or 57344 (E5M2).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import CurrentScaleQuantizer, quantize
+      >>> q = CurrentScaleQuantizer(jnp.float8_e5m2)
+      >>> st = quantize(jnp.array([[1.0, -2.0, 4.0, 0.5]]), q)
+      >>> q.q_max, st.data.astype(jnp.float32).tolist()       # y · scale, scale = 57344 / 4
+      (57344.0, [[14336.0, -28672.0, 57344.0, 7168.0]])
     """
 
     scaling_mode: ClassVar[ScalingMode] = ScalingMode.CURRENT_TENSOR_SCALING
@@ -161,7 +178,16 @@ class MXFP8Quantizer(Quantizer):
 
     Rowwise blocks run along the last axis, colwise blocks down the rows (32 consecutive rows
     of the flattened 2-D tensor). ``scale_inv = 2^e`` with ``e = ceil(log2(amax_block / Q))``;
-    ``q = sat(y · 2^-e)``. No state.
+    ``q = sat(y · 2^-e)``. No state. Data ``(M, N)`` has ``(M, N / 32)`` rowwise and
+    ``(M / 32, N)`` colwise E8M0 scales.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import MXFP8Quantizer, quantize
+      >>> x = jnp.ones((4, 64), jnp.bfloat16).at[:, 32:].set(16.0)   # two blocks per row
+      >>> st = quantize(x, MXFP8Quantizer())
+      >>> st.scale_inv.shape, st.scale_inv[0].astype(jnp.float32).tolist()
+      ((4, 2), [0.00390625, 0.0625])
     """
 
     scaling_mode: ClassVar[ScalingMode] = ScalingMode.MXFP8_1D_SCALING
@@ -180,7 +206,17 @@ class NVFP4Quantizer(Quantizer):
     (docs/numerics.md §4).
 
     ``S = 6·448 / max|y|``; ``block_scale = e4m3((amax_block / 6) · S)``;
-    ``q = e2m1((y · S) / block_scale)``; ``y ≈ q · block_scale / S``. No state.
+    ``q = e2m1((y · S) / block_scale)``; ``y ≈ q · block_scale / S``. No state. Data
+    ``(M, N)`` has ``(M, N / 16)`` block scales and a float32 ``global_scale_inv = 1 / S``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import NVFP4Quantizer, quantize
+      >>> st = quantize(jnp.ones((4, 64), jnp.bfloat16), NVFP4Quantizer())
+      >>> st.data.dtype, st.scale_inv.shape, st.scale_inv.dtype
+      (dtype(float4_e2m1fn), (4, 4), dtype(float8_e4m3fn))
+      >>> float(1 / st.global_scale_inv)                       # S = 6 · 448 / max|y|
+      2688.0
     """
 
     scaling_mode: ClassVar[ScalingMode] = ScalingMode.NVFP4_1D_SCALING
@@ -206,6 +242,17 @@ class DelayedScaleQuantizer(Quantizer):
 
     Equality and hashing are by identity (the state is arrays); the static configuration is
     what JAX compares when it matches pytree structures.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import DelayedScaleQuantizer, quantize
+      >>> q = DelayedScaleQuantizer.create(amax_history_len=4)
+      >>> st = quantize(jnp.array([[1.0, -3.0]]), q)          # with scale 1; measures the amax
+      >>> float(st.amax)
+      3.0
+      >>> q2 = q.update(st.amax)                               # scale = Q / max(history)
+      >>> round(float(q2.scale), 3), q2.amax_history.tolist()   # 448 / 3; the newest amax last
+      (149.333, [0.0, 0.0, 0.0, 3.0])
     """
 
     scaling_mode: ClassVar[ScalingMode] = ScalingMode.DELAYED_TENSOR_SCALING

@@ -57,6 +57,18 @@ class ScaledTensor:
       dq_dtype: the dtype ``dequantize`` returns (the input's dtype).
       n_feature_axes: trailing axes folded into N for the colwise transpose (1, or 2 for gated
         ``dact`` outputs ``(..., 2, H)``).
+
+    ``dequantize()`` is ``data · scale_inv`` (the scale broadcast over its tensor or block), in
+    ``dq_dtype``. Made by ``te_jax.quantize.quantize`` and the ops given a ``quantizer``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax.quantize import CurrentScaleQuantizer, quantize
+      >>> st = quantize(jnp.array([[1.0, -2.0, 4.0, 0.5]]), CurrentScaleQuantizer())
+      >>> st.scaling_mode.name, st.shape, st.q_dtype, st.dq_dtype, float(st.amax)
+      ('CURRENT_TENSOR_SCALING', (1, 4), dtype(float8_e4m3fn), dtype('float32'), 4.0)
+      >>> jax.jit(lambda t: t.dequantize())(st).tolist()     # a pytree: through jit
+      [[1.0, -2.0, 4.0, 0.5]]
     """
 
     data: Any = None

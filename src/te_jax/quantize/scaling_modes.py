@@ -59,6 +59,14 @@ class ScalingMode(NamedIntEnum):
     * ``MXFP8_1D_SCALING``: one E8M0 (power-of-two) scale per block of 32 elements.
     * ``CURRENT_TENSOR_SCALING``: one float32 scale per tensor, from this tensor's amax.
     * ``NVFP4_1D_SCALING``: one E4M3 scale per block of 16 elements and a float32 global scale.
+
+    Example:
+      >>> from te_jax.quantize import ScalingMode
+      >>> m = ScalingMode.MXFP8_1D_SCALING
+      >>> m.block_size, m.is_block_scaling, m.is_two_pass
+      (32, True, False)
+      >>> [mode.name for mode in ScalingMode if mode.is_tensor_scaling]
+      ['DELAYED_TENSOR_SCALING', 'CURRENT_TENSOR_SCALING']
     """
 
     NO_SCALING = 0
