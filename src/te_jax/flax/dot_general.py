@@ -87,7 +87,25 @@ class DotGeneral(_QuantizedOp):
 class EinsumOp(_QuantizedOp):
     """``jnp.einsum(eqn, lhs, rhs)`` with its contraction on te_jax's kernels, quantized under
     ``recipe``: lhs the activation, rhs the weight (as Flax's ``fp8_ops.Fp8Einsum``). lhs is cast
-    to rhs's dtype, the compute dtype."""
+    to rhs's dtype, the compute dtype.
+
+    Call it as ``EinsumOp(recipe=...)(eqn, lhs, rhs)``: the output has ``jnp.einsum``'s shape,
+    in rhs's dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, te_jax.flax
+      >>> class Proj(nn.Module):
+      ...     @nn.compact
+      ...     def __call__(self, x):
+      ...         w = self.param("w", nn.initializers.lecun_normal(), (32, 16), jnp.bfloat16)
+      ...         einsum = te_jax.flax.EinsumOp(recipe=te_jax.recipe.CurrentScaling())
+      ...         return einsum("bd,df->bf", x, w)
+      >>> x = jnp.ones((4, 32), jnp.bfloat16)
+      >>> variables = Proj().init(jax.random.key(0), x)
+      >>> y = Proj().apply(variables, x)
+      >>> y.shape, y.dtype
+      ((4, 16), dtype(bfloat16))
+    """
 
     @nn.compact
     def __call__(

@@ -94,8 +94,7 @@ def _missing_fp8_state(
     """Why delayed scaling's variable ``name`` is missing from ``collection``, and the fix."""
     recipe_name, path = type(recipe).__name__, module.scope.path_text
     head = (
-        f"{where}: recipe={recipe_name}() keeps its FP8 state in the {collection!r} "
-        f"collection, but"
+        f"{where}: recipe={recipe_name}() keeps its FP8 state in the {collection!r} collection, but"
     )
     lifted_fix = (
         f'list "{collection}" beside "params" in the nn.scan (or nn.vmap, another Flax lifted '
@@ -128,6 +127,22 @@ def update_fp8_metas(variables: Mapping, grads: Mapping) -> dict:
     Args:
       variables: a Linen variables dict (``{"params": ..., "fp8_metas": ...}``).
       grads: the gradient of the loss with respect to (a dict holding) ``variables``.
+
+    Returns:
+      A new variables dict: ``params`` as given (update them with the optimizer), the FP8
+      collections from ``grads``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax.flax
+      >>> recipe = te_jax.recipe.DelayedScaling(amax_history_len=4)
+      >>> layer = te_jax.flax.DenseGeneral(16, recipe=recipe)
+      >>> x = jnp.ones((4, 32), jnp.bfloat16)
+      >>> variables = layer.init(jax.random.key(0), x)
+      >>> loss = lambda v: layer.apply(v, x).astype(jnp.float32).sum()
+      >>> grads = jax.jit(jax.grad(loss))(variables)
+      >>> variables = te_jax.flax.update_fp8_metas(variables, grads)
+      >>> variables["fp8_metas"]["kernel_x_amax_history"].tolist()   # x's amax, newest last
+      [0.0, 0.0, 0.0, 1.0]
     """
     out = dict(variables)
     for collection in FP8_COLLECTIONS:
@@ -147,5 +162,21 @@ def merge_fp8_metas(recipe: Recipe, fp8_metas: Mapping, *updated: Mapping) -> di
       recipe: the modules' recipe (its margin, amax algorithm and formats).
       fp8_metas: the collection the micro-batches started from.
       *updated: the micro-batches' gradients with respect to it (their next states).
+
+    Returns:
+      The next ``"fp8_metas"``, of ``fp8_metas``' structure: per quantizer
+      ``update(max_i amax_i)`` (``DelayedScaleQuantizer.merge_updates``).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax.flax
+      >>> recipe = te_jax.recipe.DelayedScaling(amax_history_len=4)
+      >>> layer = te_jax.flax.DenseGeneral(16, recipe=recipe)
+      >>> variables = layer.init(jax.random.key(0), jnp.ones((4, 32), jnp.bfloat16))
+      >>> loss = lambda metas, x: layer.apply({**variables, "fp8_metas": metas}, x).sum()
+      >>> step = jax.jit(jax.grad(loss))
+      >>> micro = [step(variables["fp8_metas"], jnp.full((4, 32), a, jnp.bfloat16)) for a in (2, 3)]
+      >>> merged = te_jax.flax.merge_fp8_metas(recipe, variables["fp8_metas"], *micro)
+      >>> merged["kernel_x_amax_history"].tolist()          # the larger amax, not a sum
+      [0.0, 0.0, 0.0, 3.0]
     """
     return merge_state_dicts(recipe, fp8_metas, *updated)

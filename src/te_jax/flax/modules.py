@@ -122,6 +122,20 @@ class LayerNorm(nn.Module):
 
     Parameters: ``scale (H,)`` (``γ - 1`` with ``zero_centered_gamma``) and, for
     ``"layernorm"``, ``ln_bias (H,)``.
+
+    ``"layernorm"``: ``y = (x - mean) / sqrt(var + epsilon) · γ + β``; ``"rmsnorm"``:
+    ``y = x / sqrt(mean(x²) + epsilon) · γ``; statistics in float32, ``y`` in the compute dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax.flax
+      >>> norm = te_jax.flax.LayerNorm(layernorm_type="rmsnorm")
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> variables = norm.init(jax.random.key(0), x)
+      >>> sorted(variables["params"])                          # no ln_bias for RMSNorm
+      ['scale']
+      >>> y = norm.apply(variables, x)
+      >>> bool(jnp.allclose(y, x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)))
+      True
     """
 
     layernorm_type: str = "layernorm"
@@ -154,6 +168,20 @@ class DenseGeneral(nn.Module):
     with ``use_bias``, ``bias (*features)`` (gated: ``(2, *features)``). Under a ``recipe`` the
     GEMMs run in FP8; delayed scaling's state is in ``"fp8_metas"`` (``fp8_collection``:
     ``"_overwrite_with_gradient"`` for Flax's ``TrainState.apply_gradients``).
+
+    ``inputs (..., *in)`` → ``(..., *features)`` in the compute dtype (``dtype``, else the
+    input's); the GEMM accumulates in float32 (``te_jax.dense``).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax.flax
+      >>> layer = te_jax.flax.DenseGeneral(16)
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> variables = layer.init(jax.random.key(0), x)
+      >>> jax.tree.map(jnp.shape, variables["params"])
+      {'bias': (16,), 'kernel': (32, 16)}
+      >>> y, p = layer.apply(variables, x), variables["params"]
+      >>> bool(jnp.allclose(y, x @ p["kernel"] + p["bias"], atol=1e-5))
+      True
     """
 
     features: int | Sequence[int]
@@ -202,6 +230,19 @@ class LayerNormDenseGeneral(nn.Module):
     Returns ``(y, ln_out)``; ``ln_out`` (the GEMM's input) is ``None`` unless
     ``return_layernorm_output``. Parameters: ``scale``, ``ln_bias`` (``"layernorm"``),
     ``kernel``, ``bias`` (with ``use_bias``), named as in ``LayerNorm`` and ``DenseGeneral``.
+
+    ``inputs (..., H)`` → ``y (..., *features)`` and ``ln_out (..., H)``, in the compute dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, te_jax.flax
+      >>> layer = te_jax.flax.LayerNormDenseGeneral(16, activation="gelu")
+      >>> x = jnp.ones((4, 32), jnp.bfloat16)
+      >>> variables = layer.init(jax.random.key(0), x)
+      >>> sorted(variables["params"])
+      ['kernel', 'ln_bias', 'scale']
+      >>> y, ln_out = layer.apply(variables, x)
+      >>> y.shape, ln_out.shape, y.dtype
+      ((4, 16), (4, 32), dtype(bfloat16))
     """
 
     features: int | Sequence[int]
@@ -266,6 +307,20 @@ class LayerNormMLP(nn.Module):
     ``dropout_rng_name`` rng (``"dropout"``) unless ``deterministic``; without it (rate 0 or
     ``deterministic``) the two GEMMs are one ``te_jax.fused_mlp``, whose ``gelu_backward``
     (``"dact"``, ``"dgelu"``, ``"dgelu_bgrad"``) is this module's.
+
+    ``inputs (..., H)`` → ``out (..., H)``, in the compute dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, te_jax.flax
+      >>> mlp = te_jax.flax.LayerNormMLP(intermediate_dim=64, activations=("silu", "linear"))
+      >>> x = jnp.ones((4, 32), jnp.bfloat16)
+      >>> variables = mlp.init(jax.random.key(0), x)
+      >>> params = nn.unbox(variables["params"])
+      >>> params["wi_kernel"].shape, params["wo_kernel"].shape     # gated (H, 2, I); (I, H)
+      ((32, 2, 64), (64, 32))
+      >>> out, ln_out = mlp.apply(variables, x, deterministic=True)
+      >>> out.shape, out.dtype
+      ((4, 32), dtype(bfloat16))
     """
 
     intermediate_dim: int = 2048

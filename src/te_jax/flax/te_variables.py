@@ -55,6 +55,23 @@ def from_transformer_engine(module: nn.Module, variables: Mapping) -> dict:
       ``{"params": ..., module.fp8_collection: ...}`` for ``module.apply``: parameters unboxed,
       the non-gated MLP kernel and bias without their axis of 1, the FP8 state renamed with
       scalar scales.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax.flax
+      >>> mlp = te_jax.flax.LayerNormMLP(intermediate_dim=64)           # GELU, no bias
+      >>> te_vars = {"params": {"scale": jnp.ones((32,)), "ln_bias": jnp.zeros((32,)),
+      ...                       "wi_kernel": jnp.zeros((32, 1, 64)),    # TE-JAX's (H, 1, I)
+      ...                       "wo_kernel": jnp.zeros((64, 32))}}
+      >>> te_jax.flax.from_transformer_engine(mlp, te_vars)["params"]["wi_kernel"].shape
+      (32, 64)
+      >>> recipe = te_jax.recipe.DelayedScaling(amax_history_len=8)
+      >>> dense = te_jax.flax.DenseGeneral(16, recipe=recipe)
+      >>> fp8 = {f"{role}_{field}": jnp.ones((1,) if field == "scale" else (8,))
+      ...        for role in ("x", "kernel", "grad") for field in ("scale", "amax_history")}
+      >>> params = {"kernel": jnp.zeros((32, 16)), "bias": jnp.zeros((16,))}
+      >>> state = te_jax.flax.from_transformer_engine(dense, {"params": params, "fp8_metas": fp8})
+      >>> state["fp8_metas"]["kernel_x_scale"].shape, sorted(state["fp8_metas"])[:2]
+      ((), ['kernel_grad_amax_history', 'kernel_grad_scale'])
     """
     gemms = _GEMMS.get(type(module))
     if gemms is None:
