@@ -50,7 +50,7 @@ class DotGeneral(_QuantizedOp):
     rhs the weight.
 
     Example:
-      >>> import jax.numpy as jnp, te_jax
+      >>> import jax.numpy as jnp, te_jax.nnx
       >>> from flax import nnx
       >>> dg = te_jax.nnx.DotGeneral(te_jax.recipe.CurrentScaling())
       >>> layer = nnx.Linear(32, 16, dtype=jnp.bfloat16, dot_general=dg, rngs=nnx.Rngs(0))
@@ -74,7 +74,18 @@ class DotGeneral(_QuantizedOp):
 
 class EinsumOp(_QuantizedOp):
     """``jnp.einsum(eqn, lhs, rhs)`` with its contraction on te_jax's kernels, quantized under
-    ``recipe``; lhs the activation, rhs the weight."""
+    ``recipe``; lhs the activation, rhs the weight. The output has ``jnp.einsum``'s shape and
+    dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax.nnx
+      >>> from flax import nnx
+      >>> op = te_jax.nnx.EinsumOp(te_jax.recipe.CurrentScaling())
+      >>> layer = nnx.Einsum("bd,df->bf", (32, 16), einsum_op=op, dtype=jnp.bfloat16,
+      ...                    rngs=nnx.Rngs(0))
+      >>> layer(jnp.ones((4, 32), jnp.bfloat16)).shape
+      (4, 16)
+    """
 
     def __call__(
         self,

@@ -105,6 +105,19 @@ class LayerNorm(nnx.Module):
 
     Parameters: ``scale (H,)`` (``γ - 1`` with ``zero_centered_gamma``) and, for
     ``"layernorm"``, ``ln_bias (H,)``.
+
+    ``"layernorm"``: ``y = (x - mean) / sqrt(var + epsilon) · γ + β``; ``"rmsnorm"``:
+    ``y = x / sqrt(mean(x²) + epsilon) · γ``; statistics in float32, ``y (..., H)`` in the
+    compute dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax.nnx
+      >>> from flax import nnx
+      >>> norm = te_jax.nnx.LayerNorm(32, rngs=nnx.Rngs(0))
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+      >>> bool(jnp.allclose(norm(x), (x - mean) / jnp.sqrt(var + 1e-6), atol=1e-5))
+      True
     """
 
     def __init__(
@@ -141,6 +154,19 @@ class Linear(nnx.Module):
     Parameters: ``kernel (*in_features, *out_features)`` (gated activation: ``(*in, 2,
     *out)``) and, with ``use_bias``, ``bias (*out_features)`` (gated ``(2, *out)``). Under a
     ``recipe`` the GEMMs run in FP8; delayed scaling's state is in ``quantizers``.
+
+    ``x (..., *in_features)`` → ``(..., *out_features)`` in the compute dtype (``dtype``, else
+    x's); the GEMM accumulates in float32 (``te_jax.dense``).
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax.nnx
+      >>> from flax import nnx
+      >>> layer = te_jax.nnx.Linear(32, 16, rngs=nnx.Rngs(0))
+      >>> layer.kernel.shape, layer.bias.shape
+      ((32, 16), (16,))
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> bool(jnp.allclose(layer(x), x @ layer.kernel[...] + layer.bias[...], atol=1e-5))
+      True
     """
 
     def __init__(
@@ -185,6 +211,16 @@ class LayerNormLinear(nnx.Module):
 
     Returns ``(y, ln_out)`` (``ln_out``, the GEMM's input, ``None`` unless
     ``return_layernorm_output``). Parameters: ``scale``, ``ln_bias``, ``kernel``, ``bias``.
+
+    ``x (..., H)`` → ``y (..., *out_features)`` and ``ln_out (..., H)``, in the compute dtype.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax.nnx
+      >>> from flax import nnx
+      >>> layer = te_jax.nnx.LayerNormLinear(32, 16, activation="gelu", rngs=nnx.Rngs(0))
+      >>> y, ln_out = layer(jnp.ones((4, 32), jnp.bfloat16))
+      >>> y.shape, ln_out.shape, y.dtype
+      ((4, 16), (4, 32), dtype(bfloat16))
     """
 
     def __init__(
@@ -245,7 +281,7 @@ class LayerNormMLP(nnx.Module):
     ``gelu_backward`` is this module's.
 
     Example:
-      >>> import jax.numpy as jnp, te_jax
+      >>> import jax.numpy as jnp, te_jax.nnx
       >>> from flax import nnx
       >>> mlp = te_jax.nnx.LayerNormMLP(32, 64, activations="swiglu",
       ...                               recipe=te_jax.recipe.CurrentScaling(), rngs=nnx.Rngs(0))
