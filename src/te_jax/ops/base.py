@@ -53,6 +53,18 @@ class OpArgs:
       params: the op's parameters by name (the values of its ``nnx.Param`` attributes).
       quantizer_set: the op's ``QuantizerSet`` under a recipe (a ``Linear``), else ``None``.
       extra: other inputs by name: a dropout key, the residual an ``AddResidual`` adds.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> linear = ops.Linear(32, 16, rngs=nnx.Rngs(0))
+      >>> x = jnp.ones((4, 32))
+      >>> args = linear.op_args(x, iter(()))
+      >>> args.params["kernel"].shape, args.quantizer_set, args.extra
+      ((32, 16), None, {})
+      >>> ops.AddResidual().op_args(x, iter(())).extra["input"] is x   # the sequence's input
+      True
     """
 
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -65,7 +77,20 @@ class OpArgs:
 class OpGrads:
     """The cotangents of one basic op's ``OpArgs``: the parameters' gradients (by name), the
     quantizer set's next state (delayed scaling: the convention of ``te_jax.recipe``) and the
-    extra inputs' gradients (``None`` for those with none, e.g. a key)."""
+    extra inputs' gradients (``None`` for those with none, e.g. a key).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> bias = ops.Bias(8, rngs=nnx.Rngs(0))
+      >>> x, ctx = jnp.ones((4, 8)), ops.OperationContext()
+      >>> y = bias.op_forward(ctx, x, bias.op_args(x, iter(())))
+      >>> dx, (grads,) = bias.fuser_backward([ctx], jnp.ones((4, 8)),
+      ...                                    prev_op_grad_output_quantizer=None)
+      >>> grads.params["bias"].tolist()                  # dbias: the sum of dy over the rows
+      [4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    """
 
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
     quantizer_set: Any = None
@@ -80,6 +105,16 @@ class Handoff:
       quantizer: a ``te_jax.quantize`` quantizer with the layout the consumer reads.
       features: the operand's trailing feature shape as the consumer's GEMM reads it.
       fold_rows: the consumer's scaling mode folds the rows into one axis (block scaling).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> from te_jax.quantize import CurrentScaleQuantizer
+      >>> handoff = ops.Handoff(CurrentScaleQuantizer(), features=(32,))
+      >>> handoff.accepts((4, 32), 1), handoff.accepts((4, 16), 1)
+      (True, False)
+      >>> handoff.quantize(jnp.ones((4, 32), jnp.bfloat16)).q_dtype    # a ScaledTensor
+      dtype(float8_e4m3fn)
     """
 
     quantizer: Any
@@ -121,6 +156,15 @@ class FusibleOperation(nnx.Module):
     ``fuser_forward(ctxs, x, *, args, next_op_input_quantizer) -> y`` fills one context per
     basic op (so a fused forward can be followed by each op's own backward, and the other way);
     ``fuser_backward(ctxs, dy, *, prev_op_grad_output_quantizer) -> (dx, [OpGrads, ...])``.
+
+    Example:
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> seq = ops.Sequential(ops.Linear(32, 64), ops.Bias(64), ops.Activation("gelu"),
+      ...                      rngs=nnx.Rngs(0))
+      >>> (planned,) = seq.fused_plan()
+      >>> isinstance(planned, ops.FusibleOperation), [repr(op) for op in planned.basic_ops]
+      (True, ['Linear', 'Bias', 'Activation'])
     """
 
     @property
@@ -164,14 +208,20 @@ class BasicOperation(FusibleOperation):
     ``jax.vjp``, kept on the context).
 
     Parameters are ``nnx.Param`` attributes: ``args.params`` holds their values by attribute
-    name. A doubling op::
+    name. A doubling op, ``y = 2x`` and ``dx = 2 dy``:
 
-        class Double(te_jax.ops.BasicOperation):
-            def op_forward(self, ctx, x, args, **_):
-                return 2 * x
-
-            def op_backward(self, ctx, dy):
-                return 2 * dy, {}
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> class Double(ops.BasicOperation):
+      ...     def op_forward(self, ctx, x, args, **_):
+      ...         return 2 * x
+      ...
+      ...     def op_backward(self, ctx, dy):
+      ...         return 2 * dy, {}
+      >>> seq = ops.Sequential(Double(), Double())
+      >>> seq(jnp.ones(3)).tolist(), jax.grad(lambda x: seq(x).sum())(jnp.ones(3)).tolist()
+      ([4.0, 4.0, 4.0], [4.0, 4.0, 4.0])
     """
 
     # Whether the op quantizes under a Sequential's recipe (a Linear), and whether it takes one
@@ -273,7 +323,19 @@ class BasicOperation(FusibleOperation):
 class FusedOperation(FusibleOperation):
     """Several basic ops run as one (a fusion's result). The basic ops, and so their
     parameters, are the sequence's own, unchanged: fusing changes how they run, never what
-    they hold."""
+    they hold.
+
+    Example:
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> seq = ops.Sequential(ops.Linear(32, 64), ops.Bias(64), ops.Activation("gelu"),
+      ...                      rngs=nnx.Rngs(0))
+      >>> (fused,) = seq.fused_plan()
+      >>> fused
+      ForwardLinearBiasActivation(Linear, Bias, Activation)
+      >>> all(a is b for a, b in zip(fused.basic_ops, seq.ops))     # the same ops, fused
+      True
+    """
 
     def __init__(self, basic_ops: Sequence[BasicOperation]):
         self.ops = nnx.List(list(basic_ops))

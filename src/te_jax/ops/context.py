@@ -30,6 +30,15 @@ class OperationContext:
     Python data: no arrays, which must be saved). ``ctx.training`` says whether a backward will
     run (set by ``Sequential``: ``False`` under no differentiation, where an op may skip what
     only its backward reads).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> ctx = ops.OperationContext(training=True)
+      >>> ctx.save_for_backward(jnp.ones((4, 8)))       # arrays: saved
+      >>> ctx.features = 8                             # static facts: attributes
+      >>> ctx.features, ctx.training, ctx.saved_tensors[0].shape
+      (8, True, (4, 8))
     """
 
     def __init__(self, training: bool = True):

@@ -47,16 +47,24 @@ class LinenSequential(nn.Module):
     rngs={"dropout": key})`` (the key only with an active ``Dropout``). Returns the
     ``Sequential``'s output, ``(..., F)`` in x's dtype.
 
-    Example::
+    Under a delayed-scaling recipe a training step takes ``grads = jax.grad(loss)(variables,
+    x)`` and ``variables = te_jax.flax.update_fp8_metas(variables, grads)`` (besides the
+    optimizer's update of ``"params"``).
 
-      mlp = ops.LinenSequential((
-          functools.partial(ops.LayerNorm, d), functools.partial(ops.Linear, d, 4 * d),
-          functools.partial(ops.Bias, 4 * d), functools.partial(ops.Activation, "gelu"),
-          functools.partial(ops.Linear, 4 * d, d), functools.partial(ops.Bias, d),
-      ), recipe=te_jax.recipe.DelayedScaling())
-      variables = mlp.init(jax.random.key(0), x)
-      grads = jax.grad(loss)(variables, x)       # loss calls mlp.apply(variables, x)
-      variables = te_jax.flax.update_fp8_metas(variables, grads)
+    Example:
+      >>> import functools, jax, jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> d = 32
+      >>> mlp = ops.LinenSequential((
+      ...     functools.partial(ops.LayerNorm, d), functools.partial(ops.Linear, d, 2 * d),
+      ...     functools.partial(ops.Bias, 2 * d), functools.partial(ops.Activation, "gelu"),
+      ...     functools.partial(ops.Linear, 2 * d, d), functools.partial(ops.Bias, d)))
+      >>> x = jnp.ones((4, d), jnp.bfloat16)
+      >>> variables = mlp.init(jax.random.key(0), x)
+      >>> jax.tree.map(jnp.shape, variables["params"]["seq"]["ops"][1])    # ops/1/kernel
+      {'kernel': (32, 64)}
+      >>> mlp.apply(variables, x).shape
+      (4, 32)
     """
 
     ops: Sequence[Callable[[], BasicOperation]]

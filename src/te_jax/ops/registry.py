@@ -43,12 +43,56 @@ def _register(registry: list[Fusion], fusion: Fusion, prepend: bool) -> Fusion:
 
 def register_forward_fusion(fusion: Fusion, *, prepend: bool = False) -> Fusion:
     """Add ``fusion`` to the forward's list (after the others, or first with ``prepend``: a
-    fusion applied earlier claims its ops first). Returns it, so it can be a decorator."""
+    fusion applied earlier claims its ops first). Returns it, so it can be a decorator.
+
+    A fusion is ``plan -> plan`` (a list of ``FusibleOperation``s); registered for good, it
+    applies to every ``Sequential`` whose ops it matches.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> class Double(ops.BasicOperation):
+      ...     def op_forward(self, ctx, x, args, **_):
+      ...         return 2 * x
+      >>> class Quadruple(ops.FusedOperation):              # two Doubles in one pass
+      ...     def fuser_forward(self, ctxs, x, *, args, next_op_input_quantizer):
+      ...         return 4 * x
+      >>> @ops.register_forward_fusion
+      ... def fuse_doubles(plan):
+      ...     return ops.fuse_pattern(plan, (Double, Double), Quadruple)
+      >>> seq = ops.Sequential(Double(), Double())
+      >>> seq.fused_plan(), seq.fused_plan("backward")
+      ([Quadruple(Double, Double)], [Double, Double])
+      >>> seq(jnp.ones(2)).tolist()
+      [4.0, 4.0]
+    """
     return _register(_FORWARD, fusion, prepend)
 
 
 def register_backward_fusion(fusion: Fusion, *, prepend: bool = False) -> Fusion:
-    """Add ``fusion`` to the backward's list (see ``register_forward_fusion``)."""
+    """Add ``fusion`` to the backward's list (see ``register_forward_fusion``). Returns it.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> class Double(ops.BasicOperation):
+      ...     def op_forward(self, ctx, x, args, **_):
+      ...         return 2 * x
+      ...
+      ...     def op_backward(self, ctx, dy):
+      ...         return 2 * dy, {}
+      >>> class QuadrupleBackward(ops.FusedOperation):      # both backwards in one pass
+      ...     def fuser_backward(self, ctxs, dy, *, prev_op_grad_output_quantizer):
+      ...         return 4 * dy, [ops.OpGrads(), ops.OpGrads()]
+      >>> @ops.register_backward_fusion
+      ... def fuse_double_backwards(plan):
+      ...     return ops.fuse_pattern(plan, (Double, Double), QuadrupleBackward)
+      >>> seq = ops.Sequential(Double(), Double())
+      >>> seq.fused_plan("backward")
+      [QuadrupleBackward(Double, Double)]
+      >>> jax.grad(lambda x: seq(x).sum())(jnp.ones(2)).tolist()
+      [4.0, 4.0]
+    """
     return _register(_BACKWARD, fusion, prepend)
 
 
@@ -67,7 +111,16 @@ def fuse_pattern(
 ) -> list[FusibleOperation]:
     """``plan`` with each run of basic ops of the types in ``pattern`` (in order, not yet
     fused) replaced by ``make(run)``, scanning left to right; where ``make`` returns ``None``
-    (its condition does not hold) the run is left alone."""
+    (its condition does not hold) the run is left alone.
+
+    Example:
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> plan = [ops.Linear(32, 64, rngs=nnx.Rngs(0)), ops.Bias(64, rngs=nnx.Rngs(0)),
+      ...         ops.Activation("gelu")]
+      >>> ops.fuse_pattern(plan, (ops.Linear, ops.Bias), ops.ForwardLinearBiasActivation)
+      [ForwardLinearBiasActivation(Linear, Bias), Activation]
+    """
     plan, out, i, n = list(plan), [], 0, len(pattern)
     while i < len(plan):
         run = plan[i : i + n]

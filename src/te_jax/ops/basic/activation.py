@@ -27,6 +27,14 @@ class Activation(BasicOperation):
       activation_type: ``"gelu"``, ``("silu", "linear")``, ``"swiglu"``, an ``ActivationType``.
       act_params: ``ActivationParams`` (clamped SwiGLU).
       implementation: ``None``, ``"ffi"`` or ``"xla"``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> x = jnp.linspace(-1.0, 1.0, 64).reshape(4, 16)           # (..., 2N), N = 8
+      >>> y = ops.Sequential(ops.Activation("swiglu"))(x)
+      >>> y.shape, bool(jnp.allclose(y, jax.nn.silu(x[:, :8]) * x[:, 8:], atol=1e-6))
+      ((4, 8), True)
     """
 
     def __init__(

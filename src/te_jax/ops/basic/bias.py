@@ -26,6 +26,14 @@ class Bias(BasicOperation):
       bias_init: initializer (zeros).
       param_dtype: the bias's dtype (float32).
       rngs: ``nnx.Rngs`` (or give them to the ``Sequential``).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> bias = ops.Bias(8, bias_init=nnx.initializers.ones, rngs=nnx.Rngs(0))
+      >>> ops.Sequential(bias)(jnp.zeros((2, 8), jnp.bfloat16))[0].tolist()
+      [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     """
 
     def __init__(

@@ -58,6 +58,16 @@ class Linear(BasicOperation):
       dtype: the compute dtype (``None``: x's).
       implementation: ``None``, ``"ffi"`` or ``"xla"``, as for ``te_jax.dense``.
       rngs: ``nnx.Rngs`` (or give them to the ``Sequential``).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> linear = ops.Linear(32, 16, rngs=nnx.Rngs(0))
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> y = ops.Sequential(linear)(x)
+      >>> y.shape, bool(jnp.allclose(y, x @ linear.kernel[...], atol=1e-5))
+      ((4, 16), True)
     """
 
     uses_recipe = True
@@ -232,9 +242,7 @@ def linear_forward(
     )
     lead = tuple(x.shape)[:-1]
     late = addend is not None and np.dtype(addend.dtype) != np.dtype(cfg.dtype)
-    y, res = core.forward(
-        x, k, b, qs, cfg, residuals=ctx.training, addend=None if late else addend
-    )
+    y, res = core.forward(x, k, b, qs, cfg, residuals=ctx.training, addend=None if late else addend)
     act_in = None
     if res is not None:
         act_in = res.act_in

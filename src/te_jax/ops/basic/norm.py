@@ -90,12 +90,33 @@ class _Norm(BasicOperation):
 
 class LayerNorm(_Norm):
     """``y = (x - mean) / sqrt(var + ε) · γ + β`` over the last axis (``1 + γ`` with
-    ``zero_centered_gamma``). Parameters ``scale (H,)`` and ``bias (H,)``."""
+    ``zero_centered_gamma``). Parameters ``scale (H,)`` and ``bias (H,)``; statistics in
+    float32, ``y`` in the compute dtype (``dtype``, else x's).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> y = ops.Sequential(ops.LayerNorm(32))(x)
+      >>> mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+      >>> bool(jnp.allclose(y, (x - mean) / jnp.sqrt(var + 1e-6), atol=1e-5))
+      True
+    """
 
     kind = "layernorm"
 
 
 class RMSNorm(_Norm):
-    """``y = x / sqrt(mean(x²) + ε) · γ`` over the last axis. Parameter ``scale (H,)``."""
+    """``y = x / sqrt(mean(x²) + ε) · γ`` over the last axis. Parameter ``scale (H,)``;
+    statistics in float32, ``y`` in the compute dtype (``dtype``, else x's).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax import ops
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> y = ops.Sequential(ops.RMSNorm(32))(x)
+      >>> bool(jnp.allclose(y, x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)))
+      True
+    """
 
     kind = "rmsnorm"

@@ -13,7 +13,21 @@ __all__ = ["BackwardActivationBias", "fuse_backward_activation_bias"]
 
 
 class BackwardActivationBias(FusedOperation):
-    """dact + dbias (+ quantize) in one kernel pass."""
+    """dact + dbias (+ quantize) in one kernel pass: ``dh = act'(h) · dy`` (``(..., F)``) and
+    ``dbias = Σ dh`` over the leading axes (``(F,)``, float32).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> seq = ops.Sequential(ops.Linear(32, 64), ops.Bias(64), ops.Activation("gelu"),
+      ...                      rngs=nnx.Rngs(0))
+      >>> seq.fused_plan("backward")
+      [Linear, BackwardActivationBias(Bias, Activation)]
+      >>> dx = jax.grad(lambda x: seq(x).sum())(jnp.ones((4, 32)))
+      >>> dx.shape
+      (4, 32)
+    """
 
     def fuser_forward(self, ctxs, x, *, args, next_op_input_quantizer):
         raise NotImplementedError("BackwardActivationBias is a backward fusion")

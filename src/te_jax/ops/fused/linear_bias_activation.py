@@ -24,7 +24,22 @@ __all__ = ["ForwardLinearBiasActivation", "fuse_forward_linear_bias_activation"]
 
 
 class ForwardLinearBiasActivation(FusedOperation):
-    """``act(x · kernel + bias)`` (or ``x · kernel + bias``) as one GEMM call."""
+    """``act(x · kernel + bias)`` (or ``x · kernel + bias``) as one GEMM call:
+    ``x (..., in)`` → ``(..., out)`` (gated: ``(..., out / 2)``) in the compute dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> seq = ops.Sequential(ops.Linear(32, 64), ops.Bias(64), ops.Activation("gelu"),
+      ...                      rngs=nnx.Rngs(0))
+      >>> seq.fused_plan()
+      [ForwardLinearBiasActivation(Linear, Bias, Activation)]
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> h = x @ seq.ops[0].kernel[...] + seq.ops[1].bias[...]
+      >>> bool(jnp.allclose(seq(x), jax.nn.gelu(h, approximate=True), atol=1e-5))
+      True
+    """
 
     def fuser_forward(self, ctxs, x, *, args, next_op_input_quantizer):
         linear, bias = self.ops[0], self.ops[1]

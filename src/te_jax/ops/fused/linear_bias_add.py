@@ -23,7 +23,22 @@ __all__ = ["ForwardLinearBiasAdd", "fuse_forward_linear_bias_add"]
 
 
 class ForwardLinearBiasAdd(FusedOperation):
-    """``x · kernel + r + bias`` (or ``x · kernel + r``) as one GEMM call."""
+    """``x · kernel + r + bias`` (or ``x · kernel + r``) as one GEMM call: ``x (..., in)`` and
+    ``r (..., out)`` → ``(..., out)``, one rounding to the compute dtype.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> seq = ops.Sequential(ops.Linear(32, 32), ops.Bias(32), ops.AddResidual(),
+      ...                      rngs=nnx.Rngs(0))
+      >>> seq.fused_plan()
+      [ForwardLinearBiasAdd(Linear, Bias, AddResidual)]
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> bool(jnp.allclose(seq(x), x @ seq.ops[0].kernel[...] + seq.ops[1].bias[...] + x,
+      ...                   atol=1e-5))
+      True
+    """
 
     def fuser_forward(self, ctxs, x, *, args, next_op_input_quantizer):
         linear, add = self.ops[0], self.ops[-1]

@@ -29,7 +29,22 @@ _WHERE = "te_jax.ops.MLP"
 
 class MLP(FusedOperation):
     """``act(x · W₁ + b₁) · W₂ + b₂`` through ``te_jax.linear.fused_mlp``'s forward and
-    backward."""
+    backward: ``x (..., H)`` → ``(..., H)`` in the compute dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from te_jax import ops
+      >>> seq = ops.Sequential(ops.Linear(32, 64), ops.Bias(64), ops.Activation("relu"),
+      ...                      ops.Linear(64, 32), ops.Bias(32), rngs=nnx.Rngs(0))
+      >>> seq.fused_plan()
+      [MLP(Linear, Bias, Activation, Linear, Bias)]
+      >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
+      >>> l1, b1, _, l2, b2 = seq.ops
+      >>> h = jax.nn.relu(x @ l1.kernel[...] + b1.bias[...])
+      >>> bool(jnp.allclose(seq(x), h @ l2.kernel[...] + b2.bias[...], atol=1e-5))
+      True
+    """
 
     def input_quantizer(self, args, training):
         """None: te_jax.fused_mlp quantizes x itself (with the first Linear's quantizer, whose
