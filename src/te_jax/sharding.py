@@ -91,6 +91,19 @@ class MeshResource:
         sets ``tp_resource`` and ``sp_resource`` to it.
       cp_resource, pp_resource, ep_resource: TransformerEngine's context, pipeline and expert
         parallelism, which te_jax does not have: accepted as ``None`` only.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, te_jax.flax
+      >>> from te_jax.sharding import MeshResource
+      >>> resource = MeshResource(fsdp_resource="data", tp_resource="tensor")
+      >>> resource.logical_axis_rules()
+      (('batch', 'data'), ('length', None), ('embed', 'data'), ('mlp', 'tensor'), ('act', None))
+      >>> mlp = te_jax.flax.LayerNormMLP(intermediate_dim=64, activations=("silu", "linear"))
+      >>> shapes = jax.eval_shape(mlp.init, jax.random.key(0), jnp.ones((4, 32)))  # no compile
+      >>> with nn.logical_axis_rules(resource.logical_axis_rules()):
+      ...     specs = nn.logical_to_mesh(nn.get_partition_spec(shapes))
+      >>> tuple(specs["params"]["wi_kernel"])             # (H, 2, I): FSDP, gate, tensor
+      ('data', None, 'tensor')
     """
 
     dp_resource: str | None = None
@@ -175,7 +188,26 @@ def logical_constraint(x, axes):
     logical axis rules and mesh (``nn.with_logical_constraint``); ``x`` itself where ``axes``
     is ``None`` or no rules or mesh are active. The mesh is ``jax.set_mesh``'s, or where none
     is set that of an enclosing ``with mesh:`` block (which Flax alone would not see, dropping
-    the constraint)."""
+    the constraint).
+
+    Args:
+      x: an array of any shape and dtype (returned in them).
+      axes: one logical axis name (or ``None``) per axis of ``x``, e.g. ``("batch", "embed")``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from te_jax.sharding import MeshResource, logical_constraint
+      >>> x = jnp.ones((4, 32), jnp.bfloat16)
+      >>> logical_constraint(x, ("batch", "embed")) is x         # no rules, no mesh
+      True
+      >>> mesh = jax.make_mesh((1, 1), ("data", "tensor"),
+      ...                      axis_types=(jax.sharding.AxisType.Auto,) * 2)
+      >>> rules = MeshResource(dp_resource="data", tp_resource="tensor").logical_axis_rules()
+      >>> with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      ...     (eqn,) = jax.make_jaxpr(lambda x: logical_constraint(x, ("batch", "embed")))(x).eqns
+      >>> eqn.primitive.name, tuple(eqn.params["sharding"].spec)
+      ('sharding_constraint', ('data', None))
+    """
     if axes is None:
         return x
     import flax.linen as nn  # noqa: PLC0415 -- Flax only where a model names its axes
@@ -202,7 +234,20 @@ def _legacy_mesh():
 
 
 def check_logical_axes(where: str, what: str, axes, ndim: int) -> tuple[str | None, ...] | None:
-    """``axes`` as a tuple of one logical name (or ``None``) per axis of an ``ndim`` array."""
+    """``axes`` as a tuple of one logical name (or ``None``) per axis of an ``ndim`` array.
+
+    ``None`` stays ``None``; anything else not of that form is a ``ValueError`` naming
+    ``where`` and ``what``.
+
+    Example:
+      >>> from te_jax.sharding import check_logical_axes
+      >>> check_logical_axes("my_layer", "kernel_axes", ["embed", "mlp"], 2)
+      ('embed', 'mlp')
+      >>> check_logical_axes("my_layer", "kernel_axes", ("embed",), 2)  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+        ...
+      ValueError: my_layer: kernel_axes must name each of the 2 axes (...), got ('embed',)
+    """
     if axes is None:
         return None
     axes = tuple(axes)
@@ -215,7 +260,17 @@ def check_logical_axes(where: str, what: str, axes, ndim: int) -> tuple[str | No
 
 def sequence_parallel() -> bool:
     """Whether the active Flax logical axis rules split the ``length`` axis (sequence
-    parallelism: ``MeshResource.sp_resource``)."""
+    parallelism: ``MeshResource.sp_resource``).
+
+    Example:
+      >>> import flax.linen as nn
+      >>> from te_jax.sharding import MeshResource, sequence_parallel
+      >>> with nn.logical_axis_rules(MeshResource(tpsp_resource="tensor").logical_axis_rules()):
+      ...     sequence_parallel()
+      True
+      >>> sequence_parallel()                                   # no rules active
+      False
+    """
     from flax.core import spmd  # noqa: PLC0415 -- Flax only where a model shards
 
     return any(name == LENGTH and axes is not None for name, axes in spmd.get_logical_axis_rules())

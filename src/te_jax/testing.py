@@ -71,6 +71,14 @@ def hlo_collectives(hlo_text: str) -> list[tuple[str, str, tuple[str, ...]]]:
     ``collective-permute``. An async pair (``-start`` / ``-done``) counts once, under its kind,
     with the type of its result (XLA types the start ``(operands, results)``). The result type
     is HLO's text (a tuple for a combined collective), the operands their names without ``%``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax.testing import hlo_collectives
+      >>> hlo_collectives("%ar = f32[8]{0} all-reduce(%x), replica_groups={}, to_apply=%sum")
+      [('all-reduce', 'f32[8]{0}', ('x',))]
+      >>> hlo_collectives(jax.jit(jnp.sin).lower(jnp.ones(8)).compile().as_text())  # one device
+      []
     """
     out = []
     for m in _COLLECTIVE.finditer(hlo_text):
