@@ -59,6 +59,8 @@ def test_runnable_guides_run():
 # The public modules, in the reference's order: one docstring-examples test each (pytest-xdist
 # spreads them over its workers).
 MODULES = list(_api_reference().MODULES)
+# At least this many public objects have a doctested Example section (100 when this was set).
+MIN_EXAMPLES = 96
 
 
 def _public_objects(module: str) -> list[tuple[str, object, bool]]:
@@ -101,6 +103,22 @@ def test_docstring_examples_run(module):
             # registry is global) and reads its example's names whenever a plan is built.
             runner.run(test, clear_globs=False)
     assert runner.failures == 0, f"{runner.failures} docstring example(s) failed (output above)"
+
+
+def test_every_public_name_has_an_example():
+    """Every public function and class (constants and exception classes aside) has an
+    ``Example:`` section that doctest runs."""
+    missing, ran = [], 0
+    for module in MODULES:
+        for name, obj, first in _public_objects(module):
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                continue
+            if "Example:" not in (obj.__doc__ or "") or not _doctests(name, obj):
+                missing.append(name)
+            elif first:
+                ran += 1
+    assert missing == [], f"public names without a doctested Example section: {missing}"
+    assert ran >= MIN_EXAMPLES, ran
 
 
 def test_performance_page_is_a_reference():
