@@ -239,7 +239,9 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         n = args.profile_steps
         kernels = gpu_kernels(functools.partial(fns[row], *sets[0]), steps=n)
         first = next(iter(kernels.values()), None)
-        profile[row] = None if first is None else kernel_breakdown(first, steps=n)
+        profile[row] = (
+            None if first is None else kernel_breakdown(first, steps=n, top=args.profile_top)
+        )
         if profile[row]:
             kinds = ", ".join(
                 f"{k} {v['ms']:.3f} ms ({v['launches']:.0f})"
@@ -475,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="steps per trace (default 3, at the burst clocks that follow the profiler's start; "
         "tens of steps trace the sustained clocks of a power-limited step)",
+    )
+    p.add_argument(
+        "--profile-top", type=int, default=12, help="kernels listed per traced row (default 12)"
     )
     args = p.parse_args(argv)
     args.profile = {r.strip() for r in args.profile.split(",") if r.strip()}

@@ -84,3 +84,30 @@ def test_fp8_gemms_take_quantized_operands_without_transposes(recipe):
         and re.search(r"\[\d+,\d+", m["type"])
     ]
     assert not moved, "transposes / layout copies in the FP8 dense:\n" + "\n".join(moved)
+
+
+@pytest.mark.parametrize("fprop_split", [None, False], ids=["default", "fprop_fast"])
+def test_fp8_gemms_accumulate_as_the_recipe_says(fprop_split):
+    """The recipe's MMParams reach cuBLASLt: every GEMM keeps the float32 promotion by default;
+    MMParams(False) (TransformerEngine's forward) makes the forward accumulate fast."""
+    kw = {} if fprop_split is None else {"fp8_gemm_fprop": te_jax.recipe.MMParams(fprop_split)}
+    qs = te_jax.QuantizerSet.create(te_jax.recipe.DelayedScaling(**kw))
+    x, w, b = _inputs()
+
+    def loss(x, w, b, qs):
+        return te_jax.dense(x, w, b, "gelu", quantizer_set=qs).astype(jnp.float32).sum()
+
+    hlo = _hlo(jax.grad(loss, argnums=(0, 1, 2, 3)), x, w, b, qs)
+    types = _types(hlo)
+    split = {}
+    for line in hlo.splitlines():
+        m = _CALL.match(line)
+        if m is None or m["target"] != "te_jax_gemm":
+            continue
+        operands = [a.strip().split()[-1].lstrip("%") for a in m["args"].split(",")[:2]]
+        kinds = tuple(types.get(o, "?").split("[")[0] for o in operands)
+        flag = re.search(r"split_accumulator = (true|false)", line)
+        assert flag, line
+        split[kinds] = flag.group(1) == "true"
+    fwd, dgrad, wgrad = ("f8e4m3fn", "f8e4m3fn"), ("f8e5m2", "f8e4m3fn"), ("f8e4m3fn", "f8e5m2")
+    assert split == {fwd: fprop_split is None, dgrad: True, wgrad: True}, split

@@ -278,3 +278,24 @@ def test_stateless_sets_through_transformations(name):
     assert jax.tree.structure(carry) == jax.tree.structure(qs)
     out = jax.vmap(lambda q, a: (q, a), in_axes=(None, 0))(qs, jnp.zeros(2))[0]
     assert jax.tree.structure(out) == jax.tree.structure(qs)
+
+
+@pytest.mark.parametrize("recipe_cls", [DelayedScaling, CurrentScaling], ids=lambda c: c.__name__)
+def test_gemm_accumulation(recipe_cls):
+    """TransformerEngine's MMParams: every FP8 GEMM keeps the float32 promotion by default; the
+    set carries the recipe's choice (static: through flatten / unflatten and with_state)."""
+    r = recipe_cls()
+    assert r.split_accumulator == (True, True, True)
+    assert QuantizerSet.create(r).split_accumulator == (True, True, True)
+    mm = te_jax.recipe.MMParams
+    r = recipe_cls(fp8_gemm_fprop=mm(False), fp8_gemm_wgrad=mm(False))
+    qs = QuantizerSet.create(r)
+    assert qs.split_accumulator == (False, True, False)
+    leaves, tree = jax.tree_util.tree_flatten(qs)
+    assert jax.tree_util.tree_unflatten(tree, leaves).split_accumulator == (False, True, False)
+    assert qs.with_state(qs.state()).split_accumulator == (False, True, False)
+    assert MXFP8BlockScaling().split_accumulator == (True, True, True)
+    with pytest.raises(TypeError, match="fp8_gemm_dgrad must be te_jax.recipe.MMParams"):
+        recipe_cls(fp8_gemm_dgrad=True)
+    with pytest.raises(TypeError, match="split_accumulator must be three bools"):
+        QuantizerSet(split_accumulator=(True, False))

@@ -74,6 +74,7 @@ from te_jax.quantize.quantizers import (
 __all__ = [
     "FP8_FORMATS",
     "Format",
+    "MMParams",
     "Recipe",
     "DelayedScaling",
     "CurrentScaling",
@@ -129,6 +130,46 @@ def _check_format(recipe: str, fp8_format) -> str:
     return name
 
 
+@dataclasses.dataclass(frozen=True)
+class MMParams:
+    """How one FP8 GEMM accumulates (TransformerEngine's name and field).
+
+    Hopper's FP8 tensor cores sum products in a narrower accumulator; cuBLASLt promotes the
+    partial sums to float32 every few K blocks. ``use_split_accumulator=True`` (te_jax's
+    default for every GEMM) keeps that promotion (cuBLASLt ``FAST_ACCUM = 0``); ``False`` lets
+    the tensor cores accumulate longer between promotions (``FAST_ACCUM = 1``, TransformerEngine's
+    and XLA's choice for the forward GEMM): a larger rounding error (docs/numerics.md §8), a
+    faster GEMM alone, no faster a training step held at the GPU's power limit
+    (docs/performance.md). Only te_jax's cuBLASLt GEMM reads it; the pure-JAX path accumulates
+    in float32 either way.
+
+    Example:
+      >>> import te_jax
+      >>> r = te_jax.recipe.DelayedScaling()
+      >>> r.fp8_gemm_fprop.use_split_accumulator, r.split_accumulator
+      (True, (True, True, True))
+      >>> r = te_jax.recipe.DelayedScaling(fp8_gemm_fprop=te_jax.recipe.MMParams(False))
+      >>> te_jax.QuantizerSet.create(r).split_accumulator   # TransformerEngine's defaults
+      (False, True, True)
+    """
+
+    use_split_accumulator: bool = True
+
+
+# (fprop, dgrad, wgrad): float32 promotion in every FP8 GEMM.
+DEFAULT_SPLIT_ACCUMULATOR = (True, True, True)
+
+
+def _check_mm_params(where: str, recipe) -> None:
+    for name in ("fp8_gemm_fprop", "fp8_gemm_dgrad", "fp8_gemm_wgrad"):
+        v = getattr(recipe, name)
+        if not isinstance(v, MMParams):
+            raise TypeError(
+                f"te_jax.recipe.{where}: {name} must be te_jax.recipe.MMParams("
+                f"use_split_accumulator=...), got {v!r}"
+            )
+
+
 class Recipe:
     """Base class of the recipes: ``fp8_format`` and the quantizers it makes.
 
@@ -160,6 +201,13 @@ class Recipe:
         """A fresh quantizer for ``role`` (``"x"``, ``"kernel"`` or ``"grad"``)."""
         raise NotImplementedError
 
+    @property
+    def split_accumulator(self) -> tuple[bool, bool, bool]:
+        """The FP8 GEMMs' ``use_split_accumulator`` (``MMParams``): (fprop, dgrad, wgrad).
+        Recipes without ``fp8_gemm_*`` fields (block scaling) keep float32 accumulation."""
+        params = [getattr(self, f"fp8_gemm_{g}", None) for g in ("fprop", "dgrad", "wgrad")]
+        return tuple(True if p is None else bool(p.use_split_accumulator) for p in params)
+
 
 @dataclasses.dataclass(frozen=True)
 class DelayedScaling(Recipe):
@@ -171,6 +219,9 @@ class DelayedScaling(Recipe):
       amax_history_len: the length ``L`` of each quantizer's amax history.
       margin: the ``2^-margin`` headroom of the scale.
       amax_compute_algo: ``"max"`` (the history's maximum) or ``"most_recent"``.
+      fp8_gemm_fprop, fp8_gemm_dgrad, fp8_gemm_wgrad: ``MMParams`` of the forward, dgrad and
+        wgrad GEMMs (all split by default; TransformerEngine's forward is
+        ``MMParams(use_split_accumulator=False)``).
 
     ``Q`` is the format's largest value (448 for E4M3, 57344 for E5M2). The quantizers' state
     is float32: ``scale ()`` (1 at first) and ``amax_history (L,)`` (zeros at first).
@@ -188,9 +239,13 @@ class DelayedScaling(Recipe):
     amax_history_len: int = 1024
     margin: int = 0
     amax_compute_algo: str = "max"
+    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=DEFAULT_SPLIT_ACCUMULATOR[0])
+    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=DEFAULT_SPLIT_ACCUMULATOR[1])
+    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=DEFAULT_SPLIT_ACCUMULATOR[2])
 
     def __post_init__(self):
         object.__setattr__(self, "fp8_format", _check_format("DelayedScaling", self.fp8_format))
+        _check_mm_params("DelayedScaling", self)
         if self.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
             raise ValueError(
                 "te_jax.recipe.DelayedScaling: amax_compute_algo must be one of "
@@ -216,6 +271,8 @@ class CurrentScaling(Recipe):
 
     Args:
       fp8_format: ``"HYBRID"`` (the default) or ``"E4M3"``.
+      fp8_gemm_fprop, fp8_gemm_dgrad, fp8_gemm_wgrad: ``MMParams`` of the forward, dgrad and
+        wgrad GEMMs (as ``DelayedScaling``'s).
 
     Example:
       >>> import jax.numpy as jnp, te_jax
@@ -229,9 +286,13 @@ class CurrentScaling(Recipe):
     """
 
     fp8_format: str = "HYBRID"
+    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=DEFAULT_SPLIT_ACCUMULATOR[0])
+    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=DEFAULT_SPLIT_ACCUMULATOR[1])
+    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=DEFAULT_SPLIT_ACCUMULATOR[2])
 
     def __post_init__(self):
         object.__setattr__(self, "fp8_format", _check_format("CurrentScaling", self.fp8_format))
+        _check_mm_params("CurrentScaling", self)
 
     def make_quantizer(self, role: str) -> Quantizer:
         dtype = self.grad_dtype if role == "grad" else self.forward_dtype
@@ -348,6 +409,8 @@ class QuantizerSet:
 
     The recipes' dtypes: ``x`` and ``kernel`` E4M3, ``grad`` E5M2 (``"HYBRID"``) or E4M3.
     Delayed scaling's state, per quantizer: float32 ``scale ()`` and ``amax_history (L,)``.
+    ``split_accumulator`` (static, the recipe's ``MMParams``): ``use_split_accumulator`` of the
+    FP8 GEMMs (fprop, dgrad, wgrad).
 
     Example:
       >>> import te_jax
@@ -363,8 +426,15 @@ class QuantizerSet:
     x: Any = None
     kernel: Any = None
     grad: Any = None
+    split_accumulator: tuple[bool, bool, bool] = DEFAULT_SPLIT_ACCUMULATOR
 
     def __post_init__(self):
+        sa = self.split_accumulator
+        if not (isinstance(sa, tuple) and len(sa) == 3 and all(isinstance(b, bool) for b in sa)):
+            raise TypeError(
+                "te_jax.QuantizerSet: split_accumulator must be three bools (fprop, dgrad, "
+                f"wgrad), got {sa!r}"
+            )
         given = [getattr(self, r) is not None for r in _ROLES]
         if any(given) and not all(given):
             raise ValueError(
@@ -390,7 +460,10 @@ class QuantizerSet:
                 "te_jax.QuantizerSet.create: recipe must be te_jax.recipe.DelayedScaling, "
                 f"CurrentScaling, MXFP8BlockScaling or None, got {type(recipe).__name__}"
             )
-        return cls(**{r: recipe.make_quantizer(r) for r in _ROLES})
+        return cls(
+            **{r: recipe.make_quantizer(r) for r in _ROLES},
+            split_accumulator=recipe.split_accumulator,
+        )
 
     @property
     def is_empty(self) -> bool:
@@ -420,7 +493,7 @@ class QuantizerSet:
         if missing:
             raise ValueError(f"te_jax.QuantizerSet.with_state: no value for {', '.join(missing)}")
         return _unflatten(
-            None,
+            self.split_accumulator,
             [
                 None
                 if (q := getattr(self, r)) is None
@@ -457,7 +530,7 @@ class QuantizerSet:
         if not self.has_state:
             return self
         return _unflatten(
-            None,
+            self.split_accumulator,
             [getattr(self, r).merge_updates(*(getattr(u, r) for u in updated)) for r in _ROLES],
         )
 
@@ -553,18 +626,20 @@ _share.defvjp(_share_fwd, _share_bwd, symbolic_zeros=True)
 
 
 def _flatten_with_keys(qs: QuantizerSet):
-    return tuple((jax.tree_util.GetAttrKey(r), getattr(qs, r)) for r in _ROLES), None
+    keyed = tuple((jax.tree_util.GetAttrKey(r), getattr(qs, r)) for r in _ROLES)
+    return keyed, qs.split_accumulator
 
 
 def _flatten(qs: QuantizerSet):
-    return tuple(getattr(qs, r) for r in _ROLES), None
+    return tuple(getattr(qs, r) for r in _ROLES), qs.split_accumulator
 
 
-def _unflatten(aux, children) -> QuantizerSet:
+def _unflatten(split_accumulator, children) -> QuantizerSet:
     # Bypasses __post_init__: JAX puts placeholders (None, batching specs) in the slots.
     qs = object.__new__(QuantizerSet)
     for r, c in zip(_ROLES, children, strict=True):
         object.__setattr__(qs, r, c)
+    object.__setattr__(qs, "split_accumulator", split_accumulator)
     return qs
 
 

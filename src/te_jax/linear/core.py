@@ -473,9 +473,7 @@ def forward(x, kernel, bias, qs, cfg: DenseConfig, residuals: bool, addend=None)
         # split N with both halves on each shard); the GEMM folds them locally.
         x2 = x.reshape(v.rows + (v.k,))
         k2 = kernel.reshape((v.k,) + cfg.features)
-        r = matmul(
-            x2, k2, bias=bias, addend=addend, epilogue=ep, implementation=cfg.implementation
-        )
+        r = matmul(x2, k2, bias=bias, addend=addend, epilogue=ep, implementation=cfg.implementation)
         y, act_in = _activate(r.out, cfg, ep, r.aux, v)
         res = Residuals(x2, k2, act_in, None, None, None) if residuals else None
         return _unflatten_y(y, v, cfg), res
@@ -493,12 +491,13 @@ def forward(x, kernel, bias, qs, cfg: DenseConfig, residuals: bool, addend=None)
         addend=None if addend is None else addend.reshape(v.rows + kf),
         epilogue=ep,
         out_dtype=cfg.dtype,
+        split_accumulator=qs.split_accumulator[0],
         implementation=cfg.implementation,
     )
     y, act_in = _activate(r.out, cfg, ep, r.aux, v)
     if not residuals:
         return _unflatten_y(y, v, cfg), None
-    new_qs = QuantizerSet(x=new_x, kernel=new_k, grad=qs.grad)
+    new_qs = dataclasses.replace(qs, x=new_x, kernel=new_k)
     return _unflatten_y(y, v, cfg), Residuals(
         qx, qk, act_in, x if isinstance(x, ScaledTensor) else None, new_qs, qs
     )
@@ -597,6 +596,7 @@ def dgrad(cfg: DenseConfig, res: Residuals, v: GemmViews, dh):
         rhs_shape=(v.k,) + kf,
         rhs_contracts_trailing=True,
         out_dtype=None if res.qs is None else cfg.dtype,
+        split_accumulator=True if res.qs is None else res.qs.split_accumulator[1],
         implementation=cfg.implementation,
     ).out
 
@@ -614,6 +614,7 @@ def wgrad(cfg: DenseConfig, res: Residuals, v: GemmViews, dh):
         rhs_shape=v.rows + kf,
         lhs_contracts_leading=True,
         out_dtype=_wgrad_dtype(cfg, res.qs),
+        split_accumulator=True if res.qs is None else res.qs.split_accumulator[2],
         implementation=cfg.implementation,
     ).out
     dk = logical_constraint(dk.reshape(v.contract + cfg.features), cfg.kernel_axes)
@@ -635,7 +636,7 @@ def _next_set(res: Residuals, dh):
     if res.qs is None:
         return None
     new = res.new_qs
-    return QuantizerSet(x=new.x, kernel=new.kernel, grad=next_state(res.qs.grad, dh))
+    return dataclasses.replace(new, grad=next_state(res.qs.grad, dh))
 
 
 def bias_cotangent(dbias, cfg: DenseConfig):

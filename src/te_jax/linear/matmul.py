@@ -54,6 +54,7 @@ def matmul(
     epilogue: GemmEpilogue = GemmEpilogue.DEFAULT,
     grad_bias: bool = False,
     out_dtype=None,
+    split_accumulator: bool = True,
     implementation: str | None = None,
 ) -> GemmResult:
     """``epilogue(lhs · rhs + addend + bias)`` over ``k_ndim`` contracted axes (module
@@ -70,6 +71,8 @@ def matmul(
         (addend in out's logical shape ``(*free_l, *N)``).
       out_dtype: the output dtype; default: the array operands' dtype, the quantized operands'
         ``dq_dtype``.
+      split_accumulator: FP8 codes only: cuBLASLt's float32 promotion of the partial sums
+        (``te_jax.recipe.MMParams``); ignored otherwise.
       implementation: ``None``, ``"ffi"`` or ``"xla"``.
 
     Returns:
@@ -112,6 +115,7 @@ def matmul(
             rhs_scale_inv=r_sinv,
             rhs_trans=True,
             out_dtype=out_dtype,
+            split_accumulator=split_accumulator,
             **opts,
         )
     if quantized:  # "dequantized": each copy exactly in the output dtype, in its logical layout
