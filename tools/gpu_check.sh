@@ -89,7 +89,8 @@ for stage in "$@"; do
       popts=(-v -p no:cacheprovider --maxfail=20 -rfE --durations=5 -o faulthandler_timeout=300)
       # XLA's autotuning of its own GEMMs picks among equivalent kernels at compile time; the
       # tests check results, not speed, so it is off unless asked for.
-      export XLA_FLAGS="${XLA_FLAGS:-} ${PYTEST_XLA_FLAGS---xla_gpu_autotune_level=0}"
+      # Only the pytest processes get it: a benchmark stage after this one keeps XLA's defaults.
+      test_xla_flags="${XLA_FLAGS:-} ${PYTEST_XLA_FLAGS---xla_gpu_autotune_level=0}"
       jobs=${PYTEST_JOBS:-1}
       # The ids: collected, or those a cut-short run left (PYTEST_IDS, a file in the tree).
       if [ -n "${PYTEST_IDS:-}" ]; then
@@ -120,7 +121,7 @@ for stage in "$@"; do
         [ "${#ids[@]}" -eq 0 ] && continue
         gpu=""
         [ "${#gpus[@]}" -gt 0 ] && gpu=${gpus[$((j % ${#gpus[@]}))]}
-        env ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} timeout -s INT -k 30 "$left" python3 -m pytest "${popts[@]}" "${ids[@]}" \
+        env XLA_FLAGS="$test_xla_flags" ${gpu:+CUDA_VISIBLE_DEVICES=$gpu} timeout -s INT -k 30 "$left" python3 -m pytest "${popts[@]}" "${ids[@]}" \
           >"/tmp/te_jax_pytest_$j.log" 2>&1 &
         pids+=("$j:$!")
       done
