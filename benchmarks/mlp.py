@@ -19,7 +19,8 @@ a float32 sum of dh; ``gelu_backward="dgelu"``), ``te_linen:bf16_dgelu_bgrad`` w
 the epilogue too (``"dgelu_bgrad"``): A/B rows of that fusion, off by default.
 ``te_linen:delayed_accum4`` is ``te_linen:delayed`` with the same tokens as 4 micro-batches in
 one jitted ``lax.scan`` (gradient accumulation: parameter gradients summed, FP8 states merged),
-whose weights XLA quantizes once per step (docs/flax.md). Every row computes
+whose weights XLA:GPU quantizes in every micro-batch; ``te_linen:delayed_accum4_cached`` quantizes
+them once before the scan (``te_jax.flax.quantize_kernels``). Every row computes
 the same step: ``out = block(x)``, the loss ``sum(out · dy)`` and its gradients with respect to
 x, every parameter and (FP8 rows) the FP8 state, whose "gradient" is the next state.
 
@@ -77,6 +78,7 @@ ROWS = (
     "te_linen:bf16_dgelu_bgrad",
     "te_linen:delayed",
     "te_linen:delayed_accum4",
+    "te_linen:delayed_accum4_cached",
     "te_linen:current",
     "te_nnx:bf16",
     "te_nnx:delayed",
@@ -86,9 +88,13 @@ ROWS = (
 # float32 sum of dh), or DGELU + BGRAD: LayerNormMLP's gelu_backward (te_jax.fused_mlp's).
 GELU_BACKWARD = {"bf16_dgelu": "dgelu", "bf16_dgelu_bgrad": "dgelu_bgrad"}
 # Rows whose step runs its tokens as micro-batches in one jitted scan (gradient accumulation):
-# row -> (the precision it accumulates, micro-batch count). XLA hoists the weights' quantizes
-# out of the loop (docs/flax.md).
-ACCUMULATE = {"delayed_accum4": ("delayed", 4)}
+# row -> (the precision it accumulates, micro-batch count, kernels quantized once before the
+# scan with te_jax.flax.quantize_kernels). Without the cache XLA:GPU quantizes every kernel in
+# every micro-batch (it runs no loop-invariant code motion).
+ACCUMULATE = {
+    "delayed_accum4": ("delayed", 4, False),
+    "delayed_accum4_cached": ("delayed", 4, True),
+}
 # The published targets: row -> minimum speedup over flax:bf16.
 WANTED = {
     "te_linen:bf16": 1.05,
@@ -175,16 +181,23 @@ def _step_fn(row: str, act, hidden: int, inter: int, x0, te_jax):
 
     if prec not in ACCUMULATE:
         return state, jax.jit(one_batch)
-    n, recipe = ACCUMULATE[prec][1], _recipe(te_jax, prec)
+    _, n, cached = ACCUMULATE[prec]
+    recipe = _recipe(te_jax, prec)
 
     @jax.jit
     def accumulate(state, x, dy):
         """The same tokens as ``n`` micro-batches in a scan: parameter gradients summed, the
-        FP8 states merged (te_jax.flax.merge_fp8_metas), x's gradient put back together."""
+        FP8 states merged (te_jax.flax.merge_fp8_metas), x's gradient put back together;
+        ``cached``: the kernels quantized once, before the scan."""
         import te_jax.flax as tef
 
+        step = one_batch
+        if cached:
+            cache = tef.quantize_kernels(m, state)
+            step = value_and_grads(lambda s, x: m.apply({**s, **cache}, x)[0])
+
         def body(acc, xd):
-            value, (g, dx) = one_batch(state, *xd)
+            value, (g, dx) = step(state, *xd)
             total, g_params = acc
             return (total + value, jax.tree.map(jnp.add, g_params, g["params"])), (
                 g["fp8_metas"],

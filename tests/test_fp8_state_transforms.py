@@ -501,7 +501,8 @@ def test_merge_fp8_metas_needs_the_recipe():
 
 @pytest.mark.xfail(
     jax.default_backend() == "gpu",
-    reason="XLA:GPU keeps the loop-invariant weight quantizes in the scan's body (docs/flax.md)",
+    reason="XLA:GPU runs no loop-invariant code motion (te_jax.flax.quantize_kernels, "
+    "tests/test_kernel_cache.py, is the way there)",
     strict=True,
 )
 def test_gradient_accumulation_quantizes_each_weight_once_per_step():

@@ -126,6 +126,22 @@ def test_gemm_dense_and_fused_mlp(rng):
     _close(y, y_of_h, 1e-5)
 
 
+def test_quantize_kernel(rng):
+    """quantize_kernel's codes, given to dense, are the codes dense makes itself."""
+    x, w1, _, b1, _ = _dense_inputs(rng)
+    qs = te_jax.QuantizerSet.create(te_jax.recipe.CurrentScaling())
+
+    @jax.jit
+    def run(x, w1, b1):
+        qk = te_jax.quantize_kernel(w1, qs)
+        return te_jax.dense(x, w1, b1, "gelu", qs, quantized_kernel=qk), te_jax.dense(
+            x, w1, b1, "gelu", qs
+        )
+
+    cached, plain = run(x.astype(jnp.bfloat16), w1, b1)
+    np.testing.assert_array_equal(np.asarray(cached), np.asarray(plain))
+
+
 def test_dot_general_and_the_normed_ops(rng):
     """dot_general is lax.dot_general (here with a batch axis); layernorm_dense / layernorm_mlp
     are the norm followed by dense / the MLP, in TransformerEngine-JAX's signatures."""

@@ -18,6 +18,7 @@ from te_jax.linear.dense import dense
 from te_jax.linear.dot_general import dot_general
 from te_jax.linear.fused_mlp import fused_mlp
 from te_jax.linear.gemm import gemm
+from te_jax.linear.kernel_cache import quantize_kernel
 from te_jax.linear.normed import layernorm_dense, layernorm_mlp
 from te_jax.recipe import QuantizerSet, autocast
 
@@ -32,6 +33,7 @@ __all__ = [
     "dense",
     "dot_general",
     "fused_mlp",
+    "quantize_kernel",
     "layernorm_dense",
     "layernorm_mlp",
     "recipe",

@@ -235,6 +235,7 @@ def dense_general(
     quantizer_set: QuantizerSet | None = None,
     implementation: str | None = None,
     kernel_axes: Sequence[str | None] | None = None,
+    quantized_kernel=None,
 ) -> jax.Array:
     """``y = act(x · kernel + bias)`` contracting x's axes ``axis`` (any of them, in order) with
     the kernel's leading axes.
@@ -245,6 +246,8 @@ def dense_general(
       kernel: ``(*in, *F)``; gated: ``(*in, 2, *F)``.
       bias: ``None``, ``F`` or (gated) ``(2, *F)``.
       kernel_axes: the kernel's logical axis names (``te_jax.dense``'s ``kernel_axes``).
+      quantized_kernel: ``te_jax.dense``'s (``te_jax.quantize_kernel(kernel, quantizer_set,
+        n_contracting=len(axis))``).
 
     Returns:
       ``(*batch, *F)``: x's other axes in order, then the features.
@@ -274,6 +277,7 @@ def dense_general(
         contracting_dims=(trailing, tuple(range(n))),
         implementation=implementation,
         kernel_axes=kernel_axes,
+        quantized_kernel=quantized_kernel,
     )
     return jnp.reshape(y, (*jnp.shape(y)[:-1], *features)) if gated else y
 
@@ -298,6 +302,7 @@ def layernorm_mlp(
     kernel_axes: tuple[Sequence[str | None] | None, Sequence[str | None] | None] = (None, None),
     gelu_backward: str = "dact",
     ckpt_name: str = "ffn2",
+    quantized_kernels=(None, None),
 ) -> tuple[jax.Array, jax.Array]:
     """The transformer MLP block: ``out = dense(drop(act(norm(x) · W1 + b1)) · W2 + b2)``.
 
@@ -313,6 +318,7 @@ def layernorm_mlp(
       gelu_backward: ``te_jax.fused_mlp``'s (where the GELU backward runs; no dropout only).
       ckpt_name: the remat checkpoint name of ``out`` (TE-JAX's ``ffn2``); the GEMMs'
         residuals carry ``te_jax.fused_mlp``'s (``ffn1``, ``ffn1_input``, ...).
+      quantized_kernels: ``te_jax.fused_mlp``'s (each kernel quantized once ahead, or ``None``).
 
     Returns:
       ``(out (..., H), ln_out (..., H))``: ``ln_out`` is the first GEMM's input (x itself
@@ -344,6 +350,7 @@ def layernorm_mlp(
             implementation=implementation,
             kernel_axes=kernel_axes,
             gelu_backward=gelu_backward,
+            quantized_kernels=quantized_kernels,
         )
         return checkpoint_name(split_sequence(out), ckpt_name), ln_out
     # Dropout sits between the GEMMs: two dense calls around it.
@@ -356,6 +363,7 @@ def layernorm_mlp(
         act_params=act_params,
         implementation=implementation,
         kernel_axes=kernel_axes[0],
+        quantized_kernel=quantized_kernels[0],
     )
     out = te_jax.dense(
         dropout(h),
@@ -364,5 +372,6 @@ def layernorm_mlp(
         quantizer_set=quantizer_sets[1],
         implementation=implementation,
         kernel_axes=kernel_axes[1],
+        quantized_kernel=quantized_kernels[1],
     )
     return checkpoint_name(split_sequence(out), ckpt_name), ln_out

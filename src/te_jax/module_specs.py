@@ -220,8 +220,15 @@ class DenseSpec:
     def params(self) -> tuple[ParamSpec, ...]:
         return (self.kernel,) if self.bias is None else (self.kernel, self.bias)
 
-    def apply(self, x: jax.Array, params: Params, quantizer_set: QuantizerSet | None):
-        """``x (..., *in)`` → ``(..., *F)`` in x's dtype (FP8 GEMM under a quantizer set)."""
+    def apply(
+        self,
+        x: jax.Array,
+        params: Params,
+        quantizer_set: QuantizerSet | None,
+        quantized_kernel=None,
+    ):
+        """``x (..., *in)`` → ``(..., *F)`` in x's dtype (FP8 GEMM under a quantizer set;
+        ``quantized_kernel``: the kernel's codes quantized ahead, ``te_jax.quantize_kernel``)."""
         return layers.dense_general(
             x,
             params["kernel"],
@@ -232,6 +239,7 @@ class DenseSpec:
             quantizer_set=quantizer_set,
             implementation=self.implementation,
             kernel_axes=self.kernel.axes,
+            quantized_kernel=quantized_kernel,
         )
 
 
@@ -381,8 +389,12 @@ class DenseGeneralSpec(_ModuleSpec):
     def params(self) -> tuple[ParamSpec, ...]:
         return self.dense.params()
 
-    def apply(self, x, params: Params, quantizer_sets: QuantizerSets) -> jax.Array:
-        return self.dense.apply(self.input(x), params, quantizer_sets["kernel"])
+    def apply(
+        self, x, params: Params, quantizer_sets: QuantizerSets, quantized_kernels=None
+    ) -> jax.Array:
+        """``quantized_kernels``: ``{gemm: codes}`` quantized ahead (``te_jax.quantize_kernel``)."""
+        qk = (quantized_kernels or {}).get("kernel")
+        return self.dense.apply(self.input(x), params, quantizer_sets["kernel"], qk)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,10 +487,12 @@ class LayerNormDenseGeneralSpec(_ModuleSpec):
     def params(self) -> tuple[ParamSpec, ...]:
         return (() if self.norm is None else self.norm.params()) + self.dense.params()
 
-    def apply(self, x, params: Params, quantizer_sets: QuantizerSets):
+    def apply(self, x, params: Params, quantizer_sets: QuantizerSets, quantized_kernels=None):
+        """``quantized_kernels``: ``{gemm: codes}`` quantized ahead (``te_jax.quantize_kernel``)."""
         x = self.input(x)
         ln_out = x if self.norm is None else self.norm.apply(x, params)
-        y = self.dense.apply(ln_out, params, quantizer_sets["kernel"])
+        qk = (quantized_kernels or {}).get("kernel")
+        y = self.dense.apply(ln_out, params, quantizer_sets["kernel"], qk)
         return y, (ln_out if self.return_layernorm_output else None)
 
 
@@ -624,9 +638,12 @@ class LayerNormMLPSpec(_ModuleSpec):
         params: Params,
         quantizer_sets: QuantizerSets,
         dropout: Callable[[jax.Array], jax.Array] | None = None,
+        quantized_kernels=None,
     ):
         """``dropout``: applied to the activation's output (``None``: none; the modules pass
-        one only where ``dropout_active``)."""
+        one only where ``dropout_active``). ``quantized_kernels``: ``{gemm: codes}`` quantized
+        ahead (``te_jax.quantize_kernel``)."""
+        qks = quantized_kernels or {}
         norm = {} if self.norm is None else self.norm.options()
         out, ln_out = layers.layernorm_mlp(
             self.input(x),
@@ -643,6 +660,7 @@ class LayerNormMLPSpec(_ModuleSpec):
             implementation=self.implementation,
             kernel_axes=(self.wi_kernel.axes, self.wo_kernel.axes),
             gelu_backward=self.gelu_backward,
+            quantized_kernels=(qks.get("wi"), qks.get("wo")),
             **norm,
         )
         return out, (ln_out if self.return_layernorm_output else None)

@@ -21,6 +21,7 @@ from te_jax.flax.fp8_state import (
     merge_fp8_metas,
     update_fp8_metas,
 )
+from te_jax.flax.kernel_cache import QUANTIZED_KERNELS, quantize_kernels
 from te_jax.flax.modules import DenseGeneral, LayerNorm, LayerNormDenseGeneral, LayerNormMLP
 from te_jax.flax.te_variables import from_transformer_engine
 
@@ -36,4 +37,6 @@ __all__ = [
     "update_fp8_metas",
     "merge_fp8_metas",
     "from_transformer_engine",
+    "QUANTIZED_KERNELS",
+    "quantize_kernels",
 ]

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
-from te_jax.flax import te_options
+from te_jax.flax import kernel_cache, te_options
 from te_jax.flax.fp8_state import FP8_COLLECTION, checked_quantizer_set
 from te_jax.module_specs import (
     KERNEL_INIT,
@@ -204,6 +204,10 @@ class DenseGeneral(nn.Module):
     transpose_batch_sequence: bool = False
     enable_low_rank_adaptation: bool = False
 
+    def kernel_contractions(self) -> dict:
+        """``{gemm: (kernel parameter, contracted axes)}`` (``te_jax.flax.quantize_kernels``)."""
+        return {"kernel": ("kernel", 1 if isinstance(self.axis, int) else len(self.axis))}
+
     @nn.compact
     def __call__(self, inputs: jax.Array) -> jax.Array:
         """``inputs (..., *in)`` → ``(..., *features)`` in the compute dtype."""
@@ -220,7 +224,9 @@ class DenseGeneral(nn.Module):
         )
         _check_input(self, where, x.shape, axes, "kernel")
         params = _declare(self, spec, where)
-        return spec.apply(x, params, _quantizer_sets(self, spec, where))
+        return spec.apply(
+            x, params, _quantizer_sets(self, spec, where), kernel_cache.cached(self, spec.gemms)
+        )
 
 
 class LayerNormDenseGeneral(nn.Module):
@@ -275,6 +281,10 @@ class LayerNormDenseGeneral(nn.Module):
     transpose_batch_sequence: bool = False
     enable_low_rank_adaptation: bool = False
 
+    def kernel_contractions(self) -> dict:
+        """``{gemm: (kernel parameter, contracted axes)}`` (``te_jax.flax.quantize_kernels``)."""
+        return {"kernel": ("kernel", 1)}
+
     @nn.compact
     def __call__(self, inputs: jax.Array):
         """``inputs (..., H)`` → ``(y (..., *features), ln_out (..., H) or None)``."""
@@ -290,7 +300,9 @@ class LayerNormDenseGeneral(nn.Module):
         )
         _check_input(self, where, x.shape, (x.ndim - 1,), "kernel")
         params = _declare(self, spec, where)
-        return spec.apply(x, params, _quantizer_sets(self, spec, where))
+        return spec.apply(
+            x, params, _quantizer_sets(self, spec, where), kernel_cache.cached(self, spec.gemms)
+        )
 
 
 class LayerNormMLP(nn.Module):
@@ -361,6 +373,10 @@ class LayerNormMLP(nn.Module):
     transpose_batch_sequence: bool = False
     enable_low_rank_adaptation: bool = False
 
+    def kernel_contractions(self) -> dict:
+        """``{gemm: (kernel parameter, contracted axes)}`` (``te_jax.flax.quantize_kernels``)."""
+        return {"wi": ("wi_kernel", 1), "wo": ("wo_kernel", 1)}
+
     @nn.compact
     def __call__(self, inputs: jax.Array, deterministic: bool = False):
         """``inputs (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``."""
@@ -388,4 +404,5 @@ class LayerNormMLP(nn.Module):
                 rate=spec.dropout_rate, broadcast_dims=spec.dropout_dims, rng_collection=rng_name
             )
             dropout = functools.partial(drop, deterministic=False)
-        return spec.apply(x, params, quantizer_sets, dropout)
+        qks = kernel_cache.cached(self, spec.gemms)
+        return spec.apply(x, params, quantizer_sets, dropout, quantized_kernels=qks)

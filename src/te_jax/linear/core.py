@@ -457,11 +457,15 @@ def named_residuals(res: Residuals, name: str) -> Residuals:
 # ---- forward --------------------------------------------------------------------------------
 
 
-def forward(x, kernel, bias, qs, cfg: DenseConfig, residuals: bool, addend=None):
+def forward(
+    x, kernel, bias, qs, cfg: DenseConfig, residuals: bool, addend=None, quantized_kernel=None
+):
     """``y (*lead, *out_features)``, and with ``residuals`` the ``Residuals`` of the backward.
 
     ``addend`` (``y``'s shape, no activation): added in the GEMM's pass, ``y = x·k + addend +
-    bias`` with one rounding (its gradient is the caller's: ``dy`` itself)."""
+    bias`` with one rounding (its gradient is the caller's: ``dy`` itself).
+    ``quantized_kernel``: the kernel's codes quantized ahead with ``qs`` (``kernel_cache``),
+    used in place of quantizing ``kernel`` here."""
     v = views(tuple(x.shape)[: len(x.shape) - len(cfg.contract)], cfg)
     ep = epilogue_for(cfg, residuals)
     if addend is not None:
@@ -481,7 +485,7 @@ def forward(x, kernel, bias, qs, cfg: DenseConfig, residuals: bool, addend=None)
     kf = fp8_features(cfg, v)
     k2 = kernel.reshape((v.k,) + kf)
     b1 = None if bias is None else bias.reshape(kf)
-    qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, v, cfg, residuals)
+    qx, qk, new_x, new_k = _quantize_operands(x, k2, qs, v, cfg, residuals, quantized_kernel)
     r = matmul(
         qx,
         qk,
@@ -507,7 +511,9 @@ def _unflatten_y(y, v: GemmViews, cfg: DenseConfig):
     return y.reshape(v.lead + cfg.out_features)
 
 
-def _quantize_operands(x, k2, qs: QuantizerSet, v: GemmViews, cfg: DenseConfig, residuals):
+def _quantize_operands(
+    x, k2, qs: QuantizerSet, v: GemmViews, cfg: DenseConfig, residuals, quantized_kernel=None
+):
     """x's and the kernel's quantized copies (the forward GEMM reads x rowwise and the kernel
     colwise; the backward's GEMMs the other copies), and their quantizers' next states."""
     impl = cfg.implementation
@@ -527,12 +533,15 @@ def _quantize_operands(x, k2, qs: QuantizerSet, v: GemmViews, cfg: DenseConfig, 
             implementation=impl,
         )
         new_x = next_state(qs.x, qx)
-    qk = quantize(
-        k2,
-        qs.with_layout("kernel", BOTH if residuals else COL),
-        implementation=impl,
-        n_feature_axes=k2.ndim - 1,
-    )
+    if quantized_kernel is not None:  # the (K, F) codes: every view the GEMMs take
+        qk = quantized_kernel
+    else:
+        qk = quantize(
+            k2,
+            qs.with_layout("kernel", BOTH if residuals else COL),
+            implementation=impl,
+            n_feature_axes=k2.ndim - 1,
+        )
     return qx, qk, new_x, next_state(qs.kernel, qk)
 
 

@@ -66,6 +66,7 @@ from jax.custom_derivatives import SymbolicZero
 from te_jax import _varying, fp8_autodiff
 from te_jax.activation_types import ActivationLike, ActivationParams
 from te_jax.linear import core
+from te_jax.linear.kernel_cache import check_quantized_kernel
 from te_jax.primitives.custom_linear import LinearRule, custom_linear
 from te_jax.recipe import QuantizerSet
 
@@ -85,6 +86,7 @@ def dense(
     contracting_dims: tuple[Sequence[int], Sequence[int]] = ((-1,), (0,)),
     implementation: str | None = None,
     kernel_axes: Sequence[str | None] | None = None,
+    quantized_kernel=None,
 ):
     """Dense layer: ``y = act(x · kernel + bias)``, one differentiable op.
 
@@ -111,6 +113,10 @@ def dense(
         Flax modules give them: under a mesh and Flax logical axis rules the kernel's gradient
         is constrained to the kernel's sharding, so an FSDP-sharded kernel's gradient is
         reduce-scattered rather than all-reduced (``te_jax.sharding``). No effect otherwise.
+      quantized_kernel: ``None``, or ``te_jax.quantize_kernel(kernel, quantizer_set)``: the
+        kernel's codes quantized once for several calls (gradient accumulation's
+        micro-batches), used in place of quantizing the kernel here; the same bits. The
+        kernel's gradient is still ``dkernel``; the codes get none.
 
     Returns:
       ``y``: ``(..., *F)`` (gated: ``(..., N)``) in x's dtype.
@@ -136,6 +142,7 @@ def dense(
         contracting_dims,
         implementation,
         kernel_axes,
+        quantized_kernel,
     )
 
 
@@ -150,6 +157,7 @@ def apply(
     contracting_dims,
     implementation,
     kernel_axes=None,
+    quantized_kernel=None,
 ):
     """``dense``'s computation for the public op ``where`` (``"te_jax.dense"``,
     ``"te_jax.gemm"``), which names it in its errors: checks, then the differentiable op."""
@@ -165,13 +173,19 @@ def apply(
         where,
         kernel_axes=kernel_axes,
     )
+    if quantized_kernel is not None:
+        quantized_kernel = check_quantized_kernel(
+            where, quantized_kernel, tuple(kernel.shape), len(cfg.contract), quantizer_set
+        )
     if cfg.dtype == np.float64:
         return core.dense_float64(x, kernel, bias, cfg)
     # Inside shard_map: one varying-axes type for the differentiable operands (te_jax._varying).
     x, kernel, bias = _varying.match(x, kernel, bias)
     if quantizer_set is None:
         return _dense_unquantized(x, kernel, bias, cfg)
-    return fp8_autodiff.reverse_mode_only(where, _dense, x, kernel, bias, quantizer_set, cfg)
+    return fp8_autodiff.reverse_mode_only(
+        where, _dense, x, kernel, bias, quantizer_set, quantized_kernel, cfg
+    )
 
 
 # ---- unquantized: a custom_jvp whose tangent transposes to the fused backward ---------------
@@ -228,12 +242,12 @@ def _tangent_transpose(static, leaves, cotangents):
 # ---- FP8: the custom_vjp --------------------------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _dense(x, kernel, bias, qs, cfg: core.DenseConfig):
-    return core.forward(x, kernel, bias, qs, cfg, residuals=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _dense(x, kernel, bias, qs, qk, cfg: core.DenseConfig):
+    return core.forward(x, kernel, bias, qs, cfg, residuals=False, quantized_kernel=qk)[0]
 
 
-def _dense_fwd(x, kernel, bias, qs, cfg):
+def _dense_fwd(x, kernel, bias, qs, qk, cfg):
     """The forward with residuals; ``symbolic_zeros`` tells which inputs are differentiated, so
     a delayed-scaling set left out of the differentiation is reported (te_jax.fp8_autodiff)."""
     (x, kernel, bias), operands = fp8_autodiff.unwrap_primals((x, kernel, bias))
@@ -241,11 +255,13 @@ def _dense_fwd(x, kernel, bias, qs, cfg):
     if fp8_autodiff.under_jvp((x, kernel, bias, qs)):  # jvp of grad: forward over this op
         raise TypeError(fp8_autodiff.forward_mode_message(cfg.where))
     fp8_autodiff.check_state_differentiated(cfg.where, operands, [state])
-    return core.forward(x, kernel, bias, qs, cfg, residuals=True)
+    (qk,), _ = fp8_autodiff.unwrap_primals((qk,))
+    return core.forward(x, kernel, bias, qs, cfg, residuals=True, quantized_kernel=qk)
 
 
 def _dense_bwd(cfg, res, dy):
-    return core.backward(cfg, res, fp8_autodiff.instantiate(dy))
+    # The quantized kernel's codes get no cotangent (the kernel's gradient is dkernel).
+    return (*core.backward(cfg, res, fp8_autodiff.instantiate(dy)), None)
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd, symbolic_zeros=True)

@@ -45,6 +45,7 @@ from te_jax.activation_types import ActivationLike, ActivationParams, Activation
 from te_jax.dispatch import Path
 from te_jax.linear import core
 from te_jax.linear.dense import dense
+from te_jax.linear.kernel_cache import check_quantized_kernel
 from te_jax.linear.matmul import matmul
 from te_jax.primitives.custom_linear import LinearRule, custom_linear
 from te_jax.primitives.gemm import GemmEpilogue
@@ -83,6 +84,7 @@ def fused_mlp(
     implementation: str | None = None,
     kernel_axes: tuple[Sequence[str | None] | None, Sequence[str | None] | None] = (None, None),
     gelu_backward: str = "dact",
+    quantized_kernels=(None, None),
 ) -> jax.Array:
     """The MLP block's GEMMs: ``out = act(x · kernel_1 + bias_1) · kernel_2 + bias_2``.
 
@@ -104,6 +106,8 @@ def fused_mlp(
       gelu_backward: ``"dact"`` (default), ``"dgelu"`` or ``"dgelu_bgrad"``: where an unquantized
         GELU MLP computes ``gelu'(h)`` and ``dbias_1`` (module docstring); no effect under a
         recipe, for other activations or with ``implementation="xla"``.
+      quantized_kernels: per GEMM ``None`` or ``te_jax.quantize_kernel(kernel, its set)``: the
+        kernel's codes quantized once for several calls (``dense``'s ``quantized_kernel``).
 
     Returns:
       ``out (..., *F)`` in x's dtype.
@@ -123,19 +127,28 @@ def fused_mlp(
         # float64 (pure JAX), or one GEMM quantized and not the other: nothing crosses the
         # boundary fused, so the two dense calls are the op.
         qs = _quantizer_sets(quantizer_sets)
+        qk1, qk2 = _pair("quantized_kernels", quantized_kernels)
         h = dense(
             x, kernel_1, bias_1, activation_type, qs[0], act_params,
-            implementation=implementation, kernel_axes=kernel_axes[0],
+            implementation=implementation, kernel_axes=kernel_axes[0], quantized_kernel=qk1,
         )
         return dense(
             h, kernel_2, bias_2, None, qs[1], implementation=implementation,
-            kernel_axes=kernel_axes[1],
+            kernel_axes=kernel_axes[1], quantized_kernel=qk2,
         )
     cfg, (x, k1, b1, k2, b2, q1, q2) = prepared
+    qk1, qk2 = (
+        None if qk is None else check_quantized_kernel(_WHERE, qk, tuple(k.shape), 1, q)
+        for qk, k, q in zip(
+            _pair("quantized_kernels", quantized_kernels), (k1, k2), (q1, q2), strict=True
+        )
+    )
     x, k1, b1, k2, b2 = _varying.match(x, k1, b1, k2, b2)  # inside shard_map: te_jax._varying
     if q1 is None:
         return _mlp_unquantized(x, k1, b1, k2, b2, cfg)
-    return fp8_autodiff.reverse_mode_only(_WHERE, _mlp, x, k1, b1, k2, b2, q1, q2, cfg)
+    return fp8_autodiff.reverse_mode_only(
+        _WHERE, _mlp, x, k1, b1, k2, b2, q1, q2, qk1, qk2, cfg
+    )
 
 
 def configure(
@@ -183,14 +196,18 @@ def configure(
 
 
 def _quantizer_sets(sets):
+    return _pair("quantizer_sets", sets, "QuantizerSet")
+
+
+def _pair(name: str, pair, what: str = "ScaledTensor"):
     try:
-        q1, q2 = sets
+        a, b = pair
     except (TypeError, ValueError):
         raise ValueError(
-            f"{_WHERE}: quantizer_sets must be a pair (first GEMM's, second GEMM's), each a "
-            f"QuantizerSet or None; got {sets!r}"
+            f"{_WHERE}: {name} must be a pair (first GEMM's, second GEMM's), each a "
+            f"{what} or None; got {pair!r}"
         ) from None
-    return q1, q2
+    return a, b
 
 
 # ---- unquantized: a custom_jvp whose tangent transposes to the fused backward ---------------
@@ -241,12 +258,12 @@ def _tangent_transpose(static, leaves, cotangents):
 # ---- FP8 (and one GEMM quantized): the custom_vjp -------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _mlp(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig):
-    return forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def _mlp(x, k1, b1, k2, b2, q1, q2, qk1, qk2, cfg: MLPConfig):
+    return forward(x, k1, b1, k2, b2, q1, q2, cfg, residuals=False, quantized=(qk1, qk2))[0]
 
 
-def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
+def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, qk1, qk2, cfg):
     """The forward with residuals; ``symbolic_zeros`` tells which inputs are differentiated
     (te_jax.fp8_autodiff: forward mode over it, a delayed-scaling set not differentiated)."""
     operands, perturbed = fp8_autodiff.unwrap_primals((x, k1, b1, k2, b2))
@@ -254,8 +271,14 @@ def _mlp_fwd(x, k1, b1, k2, b2, q1, q2, cfg):
     if fp8_autodiff.under_jvp((operands, q1, q2)):  # jvp of grad: forward over this op
         raise TypeError(fp8_autodiff.forward_mode_message(_WHERE))
     fp8_autodiff.check_state_differentiated(_WHERE, perturbed, [s1, s2])
-    out, res = forward(*operands, q1, q2, cfg, residuals=True)
+    quantized, _ = fp8_autodiff.unwrap_primals((qk1, qk2))
+    out, res = forward(*operands, q1, q2, cfg, residuals=True, quantized=quantized)
     return out, named(res)
+
+
+def _mlp_bwd(cfg: MLPConfig, res, dy):
+    # The quantized kernels' codes get no cotangent (the kernels' gradients are dkernel).
+    return (*backward(cfg, res, dy), None, None)
 
 
 # The remat checkpoint names of the two GEMMs' residuals (TransformerEngine-JAX's ffn1 / ffn2).
@@ -269,16 +292,19 @@ def named(res):
     return tuple(core.named_residuals(r, n) for r, n in zip(res, CHECKPOINT_NAMES, strict=True))
 
 
-def forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool):
+def forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool, quantized=(None, None)):
     """``(out, (res1, res2))``: the MLP's forward (with ``residuals``, each GEMM's
-    ``core.Residuals``, the first's ``act_in`` holding h)."""
+    ``core.Residuals``, the first's ``act_in`` holding h). ``quantized``: each kernel's codes
+    quantized ahead (``kernel_cache``), or ``None``."""
     c1, c2 = cfg.first, cfg.second
     if q1 is None:
         y, res1 = core.forward(x, k1, b1, None, c1, residuals)
         out, res2 = core.forward(y, k2, b2, None, c2, residuals)
         return out, (res1, res2)
     # FP8: the first GEMM writes h, act_lu quantizes act(h) for the second in the same pass.
-    h, res1 = core.forward(x, k1, b1, q1, dataclasses.replace(c1, act=None), residuals)
+    h, res1 = core.forward(
+        x, k1, b1, q1, dataclasses.replace(c1, act=None), residuals, quantized_kernel=quantized[0]
+    )
     lead = tuple(jnp.shape(x))[:-1]
     ops = core.views(lead, c1)
     # In the row axes dense quantizes x with (folded into one under MXFP8: its colwise blocks).
@@ -291,7 +317,7 @@ def forward(x, k1, b1, k2, b2, q1, q2, cfg: MLPConfig, residuals: bool):
         act_params=c1.params,
         implementation=c1.implementation,
     )
-    out, res2 = core.forward(y, k2, b2, q2, c2, residuals)
+    out, res2 = core.forward(y, k2, b2, q2, c2, residuals, quantized_kernel=quantized[1])
     out = out.reshape(lead + c2.out_features)
     if not residuals:
         return out, None
@@ -337,4 +363,4 @@ def backward(cfg: MLPConfig, res, dy):
     return dx.reshape(lead + c1.contract), dk1, db1, dk2, db2, n1, n2
 
 
-_mlp.defvjp(_mlp_fwd, backward, symbolic_zeros=True)
+_mlp.defvjp(_mlp_fwd, _mlp_bwd, symbolic_zeros=True)
