@@ -180,7 +180,8 @@ class DenseGeneral(nn.Module):
       >>> jax.tree.map(jnp.shape, variables["params"])
       {'bias': (16,), 'kernel': (32, 16)}
       >>> y, p = layer.apply(variables, x), variables["params"]
-      >>> bool(jnp.allclose(y, x @ p["kernel"] + p["bias"], atol=1e-5))
+      >>> hi = lambda a, b: jnp.dot(a, b, precision="highest")  # float32 on any GPU
+      >>> bool(jnp.allclose(y, hi(x, p["kernel"]) + p["bias"], atol=1e-5))
       True
     """
 

@@ -165,7 +165,8 @@ class Linear(nnx.Module):
       >>> layer.kernel.shape, layer.bias.shape
       ((32, 16), (16,))
       >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
-      >>> bool(jnp.allclose(layer(x), x @ layer.kernel[...] + layer.bias[...], atol=1e-5))
+      >>> hi = lambda a, b: jnp.dot(a, b, precision="highest")  # float32 on any GPU
+      >>> bool(jnp.allclose(layer(x), hi(x, layer.kernel[...]) + layer.bias[...], atol=1e-5))
       True
     """
 

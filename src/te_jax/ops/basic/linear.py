@@ -66,7 +66,8 @@ class Linear(BasicOperation):
       >>> linear = ops.Linear(32, 16, rngs=nnx.Rngs(0))
       >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
       >>> y = ops.Sequential(linear)(x)
-      >>> y.shape, bool(jnp.allclose(y, x @ linear.kernel[...], atol=1e-5))
+      >>> hi = lambda a, b: jnp.dot(a, b, precision="highest")  # float32 on any GPU
+      >>> y.shape, bool(jnp.allclose(y, hi(x, linear.kernel[...]), atol=1e-5))
       ((4, 16), True)
     """
 

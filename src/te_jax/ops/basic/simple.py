@@ -179,7 +179,8 @@ class AddResidual(AddInput):
       >>> from te_jax import ops
       >>> seq = ops.Sequential(ops.Linear(32, 32), ops.AddResidual(), rngs=nnx.Rngs(0))
       >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
-      >>> bool(jnp.allclose(seq(x), x @ seq.ops[0].kernel[...] + x, atol=1e-5))
+      >>> hi = lambda a, b: jnp.dot(a, b, precision="highest")  # float32 on any GPU
+      >>> bool(jnp.allclose(seq(x), hi(x, seq.ops[0].kernel[...]) + x, atol=1e-5))
       True
     """
 

@@ -36,7 +36,8 @@ class ForwardLinearBiasActivation(FusedOperation):
       >>> seq.fused_plan()
       [ForwardLinearBiasActivation(Linear, Bias, Activation)]
       >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
-      >>> h = x @ seq.ops[0].kernel[...] + seq.ops[1].bias[...]
+      >>> hi = lambda a, b: jnp.dot(a, b, precision="highest")  # float32 on any GPU
+      >>> h = hi(x, seq.ops[0].kernel[...]) + seq.ops[1].bias[...]
       >>> bool(jnp.allclose(seq(x), jax.nn.gelu(h, approximate=True), atol=1e-5))
       True
     """

@@ -35,7 +35,8 @@ class ForwardLinearBiasAdd(FusedOperation):
       >>> seq.fused_plan()
       [ForwardLinearBiasAdd(Linear, Bias, AddResidual)]
       >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
-      >>> bool(jnp.allclose(seq(x), x @ seq.ops[0].kernel[...] + seq.ops[1].bias[...] + x,
+      >>> hi = lambda a, b: jnp.dot(a, b, precision="highest")  # float32 on any GPU
+      >>> bool(jnp.allclose(seq(x), hi(x, seq.ops[0].kernel[...]) + seq.ops[1].bias[...] + x,
       ...                   atol=1e-5))
       True
     """

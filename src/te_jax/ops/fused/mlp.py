@@ -41,8 +41,9 @@ class MLP(FusedOperation):
       [MLP(Linear, Bias, Activation, Linear, Bias)]
       >>> x = jnp.linspace(-1.0, 1.0, 128).reshape(4, 32)
       >>> l1, b1, _, l2, b2 = seq.ops
-      >>> h = jax.nn.relu(x @ l1.kernel[...] + b1.bias[...])
-      >>> bool(jnp.allclose(seq(x), h @ l2.kernel[...] + b2.bias[...], atol=1e-5))
+      >>> hi = lambda a, b: jnp.dot(a, b, precision="highest")  # float32 on any GPU
+      >>> h = jax.nn.relu(hi(x, l1.kernel[...]) + b1.bias[...])
+      >>> bool(jnp.allclose(seq(x), hi(h, l2.kernel[...]) + b2.bias[...], atol=1e-5))
       True
     """
 
