@@ -45,6 +45,7 @@ import dataclasses
 import warnings
 
 import jax
+import jax.numpy as jnp
 
 __all__ = [
     "BATCH",
@@ -55,6 +56,8 @@ __all__ = [
     "LOGICAL_AXES",
     "MeshResource",
     "logical_constraint",
+    "placed_initializer",
+    "check_explicit_mesh",
     "check_logical_axes",
     "sequence_parallel",
 ]
@@ -214,6 +217,52 @@ def logical_constraint(x, axes):
 
     mesh = _legacy_mesh() if jax.sharding.get_abstract_mesh().empty else None
     return nn.with_logical_constraint(x, axes, mesh=mesh)
+
+
+def placed_initializer(init, axes):
+    """``init`` whose value is placed on ``jax.set_mesh``'s mesh as its logical ``axes`` map
+    under the active Flax rules: a parameter is created sharded, eagerly or under ``jit``
+    (Flax's logical partitioning alone constrains it only where it is used). With
+    ``Explicit`` mesh axes (``jax.make_mesh``'s default) it is resharded: there a constraint
+    asserts a sharding rather than placing it, and Flax's would fail on the unsharded value.
+    Without a mesh ``init``'s value is returned as it is."""
+
+    def placed(key, shape, dtype=jnp.float32):
+        value = init(key, shape, dtype)
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            return value
+        import flax.linen as nn  # noqa: PLC0415 -- Flax only where a model names its axes
+
+        spec = nn.logical_to_mesh_axes(axes)
+        if jax.sharding.AxisType.Explicit in mesh.axis_types:
+            return jax.sharding.reshard(value, spec)
+        return jax.lax.with_sharding_constraint(value, spec)
+
+    return placed
+
+
+def check_explicit_mesh(where: str, **arrays) -> None:
+    """A ``ValueError`` naming ``where`` if ``jax.set_mesh``'s mesh has ``Explicit`` axes and one
+    of ``arrays`` is sharded over them. te_jax's ops shard by propagation (their kernels'
+    partitioning rules, XLA's sharding passes): meshes with ``Auto`` axes, or ``shard_map``.
+    Under explicit sharding (sharding in types) JAX asks every op for its output's sharding and
+    asserts every constraint, which te_jax's ops do not answer. Replicated arrays pass."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
+        return
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        spec = getattr(jax.typeof(a).sharding, "spec", None)
+        if spec is not None and any(s is not None for s in spec):
+            raise ValueError(
+                f"{where}: {name} is sharded {tuple(spec)} over a mesh with Explicit axes "
+                f"({dict(zip(mesh.axis_names, mesh.axis_types, strict=True))}); te_jax's ops "
+                "shard by propagation: make the mesh with Auto axes, e.g. jax.make_mesh(shape, "
+                "names, axis_types=(jax.sharding.AxisType.Auto,) * len(names)), or run the op "
+                "inside jax.shard_map"
+            )
 
 
 def _legacy_mesh():

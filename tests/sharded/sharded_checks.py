@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import float64_oracle as oracle  # noqa: E402
 import te_jax  # noqa: E402
+import te_jax.flax  # noqa: E402
 from helpers import (  # noqa: E402
     ACT_BY_ALIAS,
     assert_dbias_matches,
@@ -297,3 +298,68 @@ def test_gate_axis_sharded_is_gathered_and_correct(rng):
     assert "all-gather" in text, "the split act axis is gathered before the kernel"
     assert te_jax_custom_calls(text)
     assert_matches(y, oracle.act_lu(x, SWIGLU.enum, None), jnp.float32, SWIGLU)
+
+
+# ---- mesh contexts: jax.set_mesh, the older `with mesh:`, explicit axes ------------------------
+
+_RULES = te_jax.sharding.MeshResource(fsdp_resource="a", tp_resource="b").logical_axis_rules()
+_WANT = {
+    "scale": P("a"),
+    "ln_bias": P("a"),
+    "wi_kernel": P("a", "b"),
+    "wo_kernel": P("b", "a"),
+}
+
+
+def _mlp_grads(context):
+    """A delayed-scaling LayerNormMLP's parameter gradients and their compiled shardings, under
+    ``context`` and te_jax's FSDP + TP rules."""
+    import warnings
+
+    import flax.linen as nn
+
+    mlp = te_jax.flax.LayerNormMLP(64, activations="gelu", recipe=te_jax.recipe.DelayedScaling())
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 32)), jnp.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # `with mesh:` is deprecated
+        with context, nn.logical_axis_rules(_RULES):
+            v = jax.jit(mlp.init)(jax.random.key(0), x)
+            loss = lambda v, x: jnp.sum(mlp.apply(v, x)[0].astype(jnp.float32) ** 2)  # noqa: E731
+            g = jax.jit(jax.grad(loss)).lower(v, x).compile()(v, x)["params"]
+    return {k: nn.unbox(a) for k, a in g.items()}
+
+
+def test_mesh_contexts_give_the_same_compiled_shardings():
+    """Under ``jax.set_mesh`` and under ``with mesh:`` the compiled step shards every parameter
+    gradient as the logical rules say (FSDP over "a", TP over "b": te_jax's constraints are
+    applied under both) and computes the same values."""
+    from jax.sharding import AxisType
+
+    auto = Mesh(DEVICES[:4].reshape(2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    legacy = Mesh(DEVICES[:4].reshape(2, 2), ("a", "b"))
+    got = {"set_mesh": _mlp_grads(jax.set_mesh(auto)), "with mesh": _mlp_grads(legacy)}
+    for name, grads in got.items():
+        assert {k: a.sharding.spec for k, a in grads.items()} == _WANT, name
+    for k in _WANT:
+        np.testing.assert_array_equal(
+            np.asarray(got["set_mesh"][k]), np.asarray(got["with mesh"][k])
+        )
+
+
+def test_eager_init_under_set_mesh():
+    """Eager ``init`` under ``jax.set_mesh`` creates each parameter sharded as its logical axes
+    say; under a mesh with Explicit axes (jax.make_mesh's default) the parameters are placed too,
+    and the forward that init runs raises te_jax's error naming the fix (Auto axes)."""
+    import flax.linen as nn
+    from jax.sharding import AxisType
+
+    mlp = te_jax.flax.LayerNormMLP(64, activations="gelu")
+    x = jnp.ones((8, 32), jnp.float32)
+    auto = Mesh(DEVICES[:4].reshape(2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    with jax.set_mesh(auto), nn.logical_axis_rules(_RULES):
+        v = mlp.init(jax.random.key(0), x)
+    assert {k: nn.unbox(a).sharding.spec for k, a in v["params"].items()} == _WANT
+    explicit = Mesh(DEVICES[:4].reshape(2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(explicit), nn.logical_axis_rules(_RULES):
+        with pytest.raises(ValueError, match="Explicit axes.*AxisType.Auto"):
+            mlp.init(jax.random.key(0), x)

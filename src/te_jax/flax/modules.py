@@ -34,7 +34,7 @@ from te_jax.module_specs import (
     ParamSpec,
 )
 from te_jax.recipe import Recipe
-from te_jax.sharding import ACT, EMBED, MLP
+from te_jax.sharding import ACT, EMBED, MLP, placed_initializer
 
 __all__ = ["DenseGeneral", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP"]
 
@@ -72,7 +72,7 @@ def _param(module: nn.Module, spec: ParamSpec, where: str):
         )
     init = spec.init
     if spec.axes is not None:
-        init = nn.with_logical_partitioning(init, spec.axes)
+        init = nn.with_logical_partitioning(placed_initializer(init, spec.axes), spec.axes)
     return module.param(name, init, shape, spec.dtype)
 
 

@@ -34,7 +34,7 @@ from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import DelayedScaleQuantizer
 from te_jax.quantize.scaled_tensor import ScaledTensor, cotangent_from_gradient
 from te_jax.recipe import QuantizerSet
-from te_jax.sharding import check_logical_axes, logical_constraint
+from te_jax.sharding import check_explicit_mesh, check_logical_axes, logical_constraint
 
 __all__ = [
     "EPILOGUE_ACTIVATIONS",
@@ -107,6 +107,7 @@ def prepare(
     if impl not in (None, "ffi", "xla"):
         raise ValueError(f"{where}: implementation must be None, 'ffi' or 'xla', got {impl!r}")
     quantized_x = isinstance(x, ScaledTensor)
+    check_explicit_mesh(where, x=None if quantized_x else x, kernel=kernel)
     x_shape = tuple(x.shape) if quantized_x else tuple(jnp.shape(x))
     dtype = x.dq_dtype if quantized_x else check_input_dtype(where, jnp.result_type(x))
     k_dtype = jnp.result_type(kernel)
