@@ -225,7 +225,21 @@ def placed_initializer(init, axes):
     (Flax's logical partitioning alone constrains it only where it is used). With
     ``Explicit`` mesh axes (``jax.make_mesh``'s default) it is resharded: there a constraint
     asserts a sharding rather than placing it, and Flax's would fail on the unsharded value.
-    Without a mesh ``init``'s value is returned as it is."""
+    Without a mesh ``init``'s value is returned as it is.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from te_jax.sharding import MeshResource, placed_initializer
+      >>> init = placed_initializer(nn.initializers.ones, ("embed", "mlp"))
+      >>> init(jax.random.key(0), (4, 8)).shape                  # no mesh: init's value
+      (4, 8)
+      >>> mesh = jax.make_mesh((1,), ("data",))                   # Explicit axes
+      >>> rules = MeshResource(fsdp_resource="data").logical_axis_rules()
+      >>> with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      ...     w = init(jax.random.key(0), (4, 8))
+      >>> tuple(w.sharding.spec)
+      ('data', None)
+    """
 
     def placed(key, shape, dtype=jnp.float32):
         value = init(key, shape, dtype)
@@ -247,7 +261,21 @@ def check_explicit_mesh(where: str, **arrays) -> None:
     of ``arrays`` is sharded over them. te_jax's ops shard by propagation (their kernels'
     partitioning rules, XLA's sharding passes): meshes with ``Auto`` axes, or ``shard_map``.
     Under explicit sharding (sharding in types) JAX asks every op for its output's sharding and
-    asserts every constraint, which te_jax's ops do not answer. Replicated arrays pass."""
+    asserts every constraint, which te_jax's ops do not answer. Replicated arrays pass.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from te_jax.sharding import check_explicit_mesh
+      >>> check_explicit_mesh("my_op", x=jnp.ones((4, 8)))       # no mesh: nothing to check
+      >>> mesh = jax.make_mesh((1,), ("data",))                   # Explicit axes
+      >>> with jax.set_mesh(mesh):
+      ...     x = jax.sharding.reshard(jnp.ones((4, 8)), jax.P("data"))
+      ...     try:
+      ...         check_explicit_mesh("my_op", x=x)
+      ...     except ValueError as e:
+      ...         print(str(e)[:50])
+      my_op: x is sharded ('data', None) over a mesh wit
+    """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or jax.sharding.AxisType.Explicit not in mesh.axis_types:
         return
