@@ -105,3 +105,15 @@ def test_errors_name_what_does_not_fit():
         from_transformer_engine(mlp, {**te_tree, "lora": {}})
     with pytest.raises(TypeError, match="got LayerNorm"):
         from_transformer_engine(te_jax.flax.LayerNorm(), te_tree)
+
+
+def test_applying_a_transformer_engine_tree_names_the_converter():
+    """A TE-JAX tree applied as it is (its non-gated (H, 1, I) kernel) is an error that names
+    from_transformer_engine, traced only (eval_shape)."""
+    mlp = te_jax.flax.LayerNormMLP(64)
+    x = jnp.ones((4, 32), jnp.float32)
+    params = nn.unbox(jax.eval_shape(mlp.init, jax.random.key(0), x)["params"])
+    params = {k: jnp.zeros(v.shape, v.dtype) for k, v in params.items()}
+    params["wi_kernel"] = params["wi_kernel"][:, None, :]
+    with pytest.raises(ValueError, match=r"\(32, 1, 64\).*from_transformer_engine"):
+        jax.eval_shape(lambda p: mlp.apply({"params": p}, x), params)

@@ -57,6 +57,13 @@ def _param(module: nn.Module, spec: ParamSpec, where: str):
     name, shape = spec.name, spec.shape
     if module.has_variable("params", name):
         have = _stored_shape(module, name)
+        if have != shape and _transformer_engine_layout(have, shape):
+            raise ValueError(
+                f"{where}: parameter {name!r} is {have} in the variables given, where this module "
+                f"takes {shape}: TransformerEngine-JAX's non-gated layout (its axis of 1 for the "
+                "gate); convert the variables with te_jax.flax.from_transformer_engine(module, "
+                "variables)"
+            )
         if have != shape:
             raise ValueError(
                 f"{where}: parameter {name!r} is {have} in the variables given, but this module "
@@ -74,6 +81,12 @@ def _param(module: nn.Module, spec: ParamSpec, where: str):
     if spec.axes is not None:
         init = nn.with_logical_partitioning(placed_initializer(init, spec.axes), spec.axes)
     return module.param(name, init, shape, spec.dtype)
+
+
+def _transformer_engine_layout(have: tuple, shape: tuple) -> bool:
+    """``have`` is ``shape`` with TransformerEngine-JAX's axis of 1 before the last (its
+    non-gated ``(H, 1, I)`` kernel, ``(1, I)`` bias)."""
+    return len(have) == len(shape) + 1 and have[-2] == 1 and have[:-2] + have[-1:] == shape
 
 
 def _declare(module: nn.Module, spec, where: str) -> dict:
