@@ -1,7 +1,7 @@
 """The documentation site: its API reference (docs/api.md) lists every public name (it is what
 tools/api_reference.py writes from each public module's ``__all__``, so a name added to an
 ``__all__`` without rewriting the reference fails here), every page is in it, and the runnable
-guides' code blocks run."""
+guides' code blocks run (one test per guide)."""
 
 from __future__ import annotations
 
@@ -42,18 +42,22 @@ def test_every_page_is_in_the_site():
     assert [p for p in pages if f"\n{p}\n" not in index] == []
 
 
-# Guides whose ```python blocks run on a CPU, in order, in one namespace.
-RUNNABLE = ["getting_started.md", "activations.md"]
+# Guides whose ```python blocks run on a CPU, in order, in one namespace (one test per page).
+RUNNABLE = ["getting_started.md", "activations.md", "quantization.md"]
 
 
-def test_runnable_guides_run():
-    for page in RUNNABLE:
-        text = (ROOT / "docs" / page).read_text()
-        blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-        assert blocks, page
-        namespace: dict = {}
-        for i, block in enumerate(blocks):
-            exec(compile(block, f"docs/{page} block {i}", "exec"), namespace)  # noqa: S102
+def _python_blocks(page: str) -> list[str]:
+    text = (ROOT / "docs" / page).read_text()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=[p.removesuffix(".md") for p in RUNNABLE])
+def test_runnable_guides_run(page):
+    blocks = _python_blocks(page)
+    assert blocks, page
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"docs/{page} block {i}", "exec"), namespace)  # noqa: S102
 
 
 # The public modules, in the reference's order: one docstring-examples test each (pytest-xdist
