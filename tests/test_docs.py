@@ -1,14 +1,18 @@
 """The documentation site: its API reference (docs/api.md) lists every public name (it is what
 tools/api_reference.py writes from each public module's ``__all__``, so a name added to an
 ``__all__`` without rewriting the reference fails here), every page is in it, and the runnable
-guides' code blocks run (one test per guide)."""
+guides' code blocks run (one test per guide; sharding.md's in a process with 8 CPU devices)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -42,8 +46,21 @@ def test_every_page_is_in_the_site():
     assert [p for p in pages if f"\n{p}\n" not in index] == []
 
 
-# Guides whose ```python blocks run on a CPU, in order, in one namespace (one test per page).
-RUNNABLE = ["getting_started.md", "activations.md", "quantization.md"]
+# Guides whose ```python blocks run on a CPU, in order, in one namespace: in this process, or
+# in a process of their own where the page needs JAX started with another environment
+# (sharding.md: 8 CPU devices, set before JAX starts; this process's JAX has started already).
+RUNNABLE = ["getting_started.md", "activations.md", "quantization.md", "sharding.md"]
+RUNNABLE_ENV = {
+    "sharding.md": {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+}
+# What the process of such a page runs: the blocks (a JSON list on stdin), in order, in one
+# namespace, each compiled under its own name so that a traceback names the block.
+_RUN_BLOCKS = """
+import json, sys
+namespace = {"__name__": "__main__"}
+for i, block in enumerate(json.load(sys.stdin)):
+    exec(compile(block, f"docs/{sys.argv[1]} block {i}", "exec"), namespace)
+"""
 
 
 def _python_blocks(page: str) -> list[str]:
@@ -55,9 +72,24 @@ def _python_blocks(page: str) -> list[str]:
 def test_runnable_guides_run(page):
     blocks = _python_blocks(page)
     assert blocks, page
-    namespace: dict = {}
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"docs/{page} block {i}", "exec"), namespace)  # noqa: S102
+    if page not in RUNNABLE_ENV:
+        namespace: dict = {}
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"docs/{page} block {i}", "exec"), namespace)  # noqa: S102
+        return
+    env = dict(os.environ)  # with the run's compile settings and cache (tests/conftest.py)
+    for name, value in RUNNABLE_ENV[page].items():
+        env[name] = f"{env[name]} {value}" if name == "XLA_FLAGS" and env.get(name) else value
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_BLOCKS, page],
+        input=json.dumps(blocks),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"docs/{page}:\n{proc.stdout[-5000:]}\n{proc.stderr[-10000:]}"
 
 
 # The public modules, in the reference's order: one docstring-examples test each (pytest-xdist
