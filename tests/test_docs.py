@@ -49,7 +49,14 @@ def test_every_page_is_in_the_site():
 # Guides whose ```python blocks run on a CPU, in order, in one namespace: in this process, or
 # in a process of their own where the page needs JAX started with another environment
 # (sharding.md: 8 CPU devices, set before JAX starts; this process's JAX has started already).
-RUNNABLE = ["getting_started.md", "activations.md", "quantization.md", "sharding.md"]
+RUNNABLE = [
+    "getting_started.md",
+    "activations.md",
+    "quantization.md",
+    "sharding.md",
+    "ops.md",
+    "transformer_engine.md",
+]
 RUNNABLE_ENV = {
     "sharding.md": {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 }
