@@ -56,6 +56,7 @@ RUNNABLE = [
     "sharding.md",
     "ops.md",
     "transformer_engine.md",
+    "flax.md",
 ]
 RUNNABLE_ENV = {
     "sharding.md": {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
