@@ -169,6 +169,35 @@ def _eqns(jaxpr):
             yield from _eqns(sub)
 
 
+def test_nnx_modules_with_the_codes():
+    """te_jax.nnx.quantize_kernels' codes given to the NNX LayerNormMLP and Linear: output,
+    parameter gradients and the next FP8 state bit for bit those without, in one program."""
+    from flax import nnx
+
+    import te_jax.nnx as tnnx
+
+    recipe = RECIPES["delayed"]
+    mlp = tnnx.LayerNormMLP(32, 64, recipe=recipe, rngs=nnx.Rngs(0))
+    lin = tnnx.Linear(32, 16, activation="gelu", recipe=recipe, rngs=nnx.Rngs(1))
+    x = _normal(4, (2, 8, 32), dtype=jnp.bfloat16)
+    wrt = nnx.DiffState(0, (nnx.Param, tnnx.FP8Meta))
+
+    @nnx.jit
+    def grads(mlp, lin, x):
+        def loss(model, cached):
+            cache = tnnx.quantize_kernels(model) if cached else None
+            out = model(x, quantized_kernels=cache)
+            return _cubed(out[0] if isinstance(out, tuple) else out)
+
+        return [nnx.grad(loss, argnums=wrt)(m, c) for m in (mlp, lin) for c in (True, False)]
+
+    g = grads(mlp, lin, x)
+    _assert_same(nnx.to_pure_dict(g[0]), nnx.to_pure_dict(g[1]))
+    _assert_same(nnx.to_pure_dict(g[2]), nnx.to_pure_dict(g[3]))
+    with pytest.raises(TypeError, match="te_jax.nnx Linear"):
+        tnnx.quantize_kernels(nnx.Linear(4, 4, rngs=nnx.Rngs(0)))
+
+
 def test_errors():
     qs = te_jax.QuantizerSet.create(RECIPES["delayed"])
     x, w = jnp.ones((4, 32), jnp.bfloat16), jnp.ones((32, 16))

@@ -256,6 +256,11 @@ class _ModuleSpec:
     # The module's GEMMs, one QuantizerSet each under its ``recipe``.
     gemms: ClassVar[tuple[str, ...]] = ()
 
+    def kernel_contractions(self) -> dict[str, tuple[str, int]]:
+        """``{gemm: (its kernel parameter's name, how many leading kernel axes it contracts)}``:
+        what ``te_jax.quantize_kernel`` needs to quantize the module's kernels ahead."""
+        return {}
+
     @classmethod
     def settings(cls) -> tuple[str, ...]:
         """The names of the settings ``create`` takes (its keyword-only arguments): the Linen
@@ -334,6 +339,9 @@ class DenseGeneralSpec(_ModuleSpec):
 
     gemms: ClassVar[tuple[str, ...]] = ("kernel",)
 
+    def kernel_contractions(self) -> dict[str, tuple[str, int]]:
+        return {"kernel": (self.dense.kernel.name, len(self.dense.axis))}
+
     @classmethod
     def create(
         cls,
@@ -408,6 +416,9 @@ class LayerNormDenseGeneralSpec(_ModuleSpec):
     return_layernorm_output: bool
 
     gemms: ClassVar[tuple[str, ...]] = ("kernel",)
+
+    def kernel_contractions(self) -> dict[str, tuple[str, int]]:
+        return {"kernel": (self.dense.kernel.name, len(self.dense.axis))}
 
     @classmethod
     def create(
@@ -520,6 +531,9 @@ class LayerNormMLPSpec(_ModuleSpec):
     gelu_backward: str
 
     gemms: ClassVar[tuple[str, ...]] = ("wi", "wo")
+
+    def kernel_contractions(self) -> dict[str, tuple[str, int]]:
+        return {"wi": (self.wi_kernel.name, 1), "wo": (self.wo_kernel.name, 1)}
 
     @classmethod
     def create(

@@ -14,7 +14,7 @@ stock NNX layers: ``nnx.Linear(..., dot_general=te_jax.nnx.DotGeneral(recipe))``
 
 from te_jax.nnx.dot_general import DotGeneral, EinsumOp
 from te_jax.nnx.fp8_state import FP8Meta, QuantizerState, merge_fp8_state, update_fp8_state
-from te_jax.nnx.modules import LayerNorm, LayerNormLinear, LayerNormMLP, Linear
+from te_jax.nnx.modules import LayerNorm, LayerNormLinear, LayerNormMLP, Linear, quantize_kernels
 
 __all__ = [
     "Linear",
@@ -27,4 +27,5 @@ __all__ = [
     "QuantizerState",
     "update_fp8_state",
     "merge_fp8_state",
+    "quantize_kernels",
 ]

@@ -64,6 +64,14 @@ class QuantizerState(nnx.Module):
         for name, value in QuantizerSet.create(recipe).state().items():
             setattr(self, name, FP8Meta(value))
 
+    def current(self) -> QuantizerSet | None:
+        """The set with this step's state, read without a use's handle (``__call__``'s
+        ``share``): for quantizing a kernel ahead (``te_jax.nnx.quantize_kernels``)."""
+        if self.recipe is None:
+            return None
+        qs = QuantizerSet.create(self.recipe)
+        return qs.with_state({name: getattr(self, name)[...] for name in qs.state()})
+
     def __call__(self) -> QuantizerSet | None:
         """The set for one use. Delayed scaling's variables then hold a second handle on the
         same state (``QuantizerSet.share``), so a module called again in the same step reads

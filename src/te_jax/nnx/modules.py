@@ -23,6 +23,7 @@ from flax import nnx
 
 from te_jax import layers
 from te_jax.activation_types import ActivationLike
+from te_jax.linear.kernel_cache import quantize_kernel
 from te_jax.module_specs import (
     KERNEL_INIT,
     DenseGeneralSpec,
@@ -34,7 +35,7 @@ from te_jax.nnx.fp8_state import QuantizerState
 from te_jax.recipe import Recipe
 from te_jax.sharding import ACT, EMBED, MLP
 
-__all__ = ["Linear", "LayerNorm", "LayerNormLinear", "LayerNormMLP"]
+__all__ = ["Linear", "LayerNorm", "LayerNormLinear", "LayerNormMLP", "quantize_kernels"]
 
 Initializer = Callable[..., jax.Array]
 _KERNEL_INIT = KERNEL_INIT
@@ -199,11 +200,12 @@ class Linear(nnx.Module):
         )
         _own(self, spec, rngs, ("bias",))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """``x (..., *in_features)`` → ``(..., *out_features)`` in the compute dtype."""
+    def __call__(self, x: jax.Array, quantized_kernels=None) -> jax.Array:
+        """``x (..., *in_features)`` → ``(..., *out_features)`` in the compute dtype.
+        ``quantized_kernels``: ``te_jax.nnx.quantize_kernels(self)``'s codes, or ``None``."""
         dense = self.spec.dense
         _check_input(self.spec.where, x, "in_features", dense.kernel.shape[: len(dense.axis)])
-        return self.spec.apply(x, _values(self), _quantizer_sets(self))
+        return self.spec.apply(x, _values(self), _quantizer_sets(self), quantized_kernels)
 
 
 class LayerNormLinear(nnx.Module):
@@ -261,11 +263,12 @@ class LayerNormLinear(nnx.Module):
         )
         _own(self, spec, rngs, ("scale", "ln_bias", "bias"))
 
-    def __call__(self, x: jax.Array):
-        """``x (..., H)`` → ``(y (..., *out_features), ln_out (..., H) or None)``."""
+    def __call__(self, x: jax.Array, quantized_kernels=None):
+        """``x (..., H)`` → ``(y (..., *out_features), ln_out (..., H) or None)``.
+        ``quantized_kernels``: ``te_jax.nnx.quantize_kernels(self)``'s codes, or ``None``."""
         dense = self.spec.dense
         _check_input(self.spec.where, x, "in_features", dense.kernel.shape[: len(dense.axis)])
-        return self.spec.apply(x, _values(self), _quantizer_sets(self))
+        return self.spec.apply(x, _values(self), _quantizer_sets(self), quantized_kernels)
 
 
 class LayerNormMLP(nnx.Module):
@@ -334,9 +337,10 @@ class LayerNormMLP(nnx.Module):
             else nnx.Dropout(spec.dropout_rate, broadcast_dims=spec.dropout_dims, rngs=rngs)
         )
 
-    def __call__(self, x: jax.Array, deterministic: bool | None = None):
+    def __call__(self, x: jax.Array, deterministic: bool | None = None, quantized_kernels=None):
         """``x (..., H)`` → ``(out (..., H), ln_out (..., H) or None)``. ``deterministic``:
-        ``None`` takes the module's mode (``model.eval()`` / ``model.train()``)."""
+        ``None`` takes the module's mode (``model.eval()`` / ``model.train()``).
+        ``quantized_kernels``: ``te_jax.nnx.quantize_kernels(self)``'s codes, or ``None``."""
         spec = self.spec
         _check_input(spec.where, x, "hidden_size", spec.wi_kernel.shape[:1])
         dropout = None
@@ -345,4 +349,42 @@ class LayerNormMLP(nnx.Module):
                 deterministic = self.dropout.deterministic
             if spec.dropout_active(deterministic):
                 dropout = functools.partial(self.dropout, deterministic=False)
-        return spec.apply(x, _values(self), _quantizer_sets(self), dropout)
+        return spec.apply(
+            x, _values(self), _quantizer_sets(self), dropout, quantized_kernels=quantized_kernels
+        )
+
+
+def quantize_kernels(module: nnx.Module) -> dict:
+    """``{gemm: codes}``: each kernel of the te_jax NNX ``module`` (``Linear``,
+    ``LayerNormLinear``, ``LayerNormMLP``) quantized once with its GEMM's quantizer set as it
+    is now (``te_jax.quantize_kernel``), for the module's ``quantized_kernels`` argument: the
+    kernels of gradient accumulation's micro-batches quantized once per step (the same bits;
+    docs/flax.md). Tensor-scaling recipes only; make them again after every optimizer step.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax, te_jax.nnx
+      >>> from flax import nnx
+      >>> mlp = te_jax.nnx.LayerNormMLP(32, 64, recipe=te_jax.recipe.DelayedScaling(),
+      ...                               rngs=nnx.Rngs(0))
+      >>> x = jnp.ones((8, 32), jnp.bfloat16)
+      >>> cache = te_jax.nnx.quantize_kernels(mlp)
+      >>> {g: st.data.shape for g, st in cache.items()}
+      {'wi': (32, 64), 'wo': (64, 32)}
+      >>> bool((mlp(x, quantized_kernels=cache)[0] == mlp(x)[0]).all())
+      True
+    """
+    spec = getattr(module, "spec", None)
+    gemms = {} if spec is None else spec.kernel_contractions()
+    if not gemms:
+        raise TypeError(
+            "te_jax.nnx.quantize_kernels: module must be a te_jax.nnx Linear, LayerNormLinear or "
+            f"LayerNormMLP, got {type(module).__name__}"
+        )
+    where = f"te_jax.nnx.quantize_kernels({type(module).__name__})"
+    out = {}
+    for gemm, (param, n_c) in gemms.items():
+        qs = getattr(module, _QUANTIZERS[gemm]).current()
+        if qs is None:
+            raise ValueError(f"{where}: the module has no recipe: its GEMMs quantize nothing")
+        out[gemm] = quantize_kernel(getattr(module, param)[...], qs, n_c)
+    return out
