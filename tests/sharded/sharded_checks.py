@@ -363,3 +363,32 @@ def test_eager_init_under_set_mesh():
     with jax.set_mesh(explicit), nn.logical_axis_rules(_RULES):
         with pytest.raises(ValueError, match="Explicit axes.*AxisType.Auto"):
             mlp.init(jax.random.key(0), x)
+
+
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_quantized_kernels_under_fsdp_and_tp(act):
+    """te_jax.flax.quantize_kernels' codes in a delayed-scaling LayerNormMLP step sharded FSDP x
+    TP (the kernels' (K, F) codes viewed as each GEMM takes them, a gated kernel split over its
+    N): gradients and next FP8 state bit for bit the uncached sharded step's."""
+    import flax.linen as nn
+    from jax.sharding import AxisType
+
+    mesh = Mesh(DEVICES.reshape(2, 4), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    recipe = te_jax.recipe.DelayedScaling(amax_history_len=4)
+    mlp = te_jax.flax.LayerNormMLP(64, activations=act, recipe=recipe)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 8, 32)), jnp.bfloat16)
+    v = jax.jit(mlp.init)(jax.random.key(0), x)
+
+    def loss(params, fp8, cache, xb):
+        out = mlp.apply({"params": params, "fp8_metas": fp8, **cache}, xb)[0]
+        return jnp.sum(out.astype(jnp.float32) ** 3)
+
+    def step(v, x, cached):
+        cache = te_jax.flax.quantize_kernels(mlp, v) if cached else {}
+        return jax.grad(loss, (0, 1))(v["params"], v["fp8_metas"], cache, x)
+
+    with jax.set_mesh(mesh), nn.logical_axis_rules(_RULES):
+        run = jax.jit(step, static_argnums=2)
+        cached, plain = run(v, x, True), run(v, x, False)
+    for a, b in zip(jax.tree.leaves(cached), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
