@@ -6,6 +6,7 @@ import importlib.metadata
 
 project = "te_jax"
 author = "the te_jax authors"
+copyright = "the te_jax authors"
 try:
     release = importlib.metadata.version("te_jax")
 except importlib.metadata.PackageNotFoundError:
