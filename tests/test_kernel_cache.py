@@ -169,6 +169,50 @@ def _eqns(jaxpr):
             yield from _eqns(sub)
 
 
+def test_first_micro_batch_fills_the_collection_in_a_nested_model():
+    """A model with te_jax modules inside it, applied on the first micro-batch with
+    ``mutable=["quantized_kernels"]``: every module stores its kernels' codes there (init
+    stores none), the other micro-batches read them, and the step's gradients and merged FP8
+    state are bit for bit those of quantizing in every micro-batch."""
+    import flax.linen as nn
+
+    recipe = RECIPES["delayed"]
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = x + tef.LayerNormMLP(48, recipe=recipe, name="mlp_0")(x)[0]
+            return x + tef.LayerNormMLP(48, recipe=recipe, name="mlp_1")(x)[0]
+
+    model = Model()
+    x = _normal(5, (2, 8, 32), dtype=jnp.bfloat16)
+    v = jax.jit(model.init)(jax.random.PRNGKey(0), x[:1])
+    assert set(v) == {"params", "fp8_metas"}
+
+    def loss(params, fp8, cache, xb, fill=False):
+        variables = {"params": params, "fp8_metas": fp8, **cache}
+        if fill:
+            out, filled = model.apply(variables, xb, mutable=[tef.QUANTIZED_KERNELS])
+            return _cubed(out), filled
+        return _cubed(model.apply(variables, xb)), None
+
+    def step(params, fp8, x, cached):
+        (_, cache), (g0, f0) = jax.value_and_grad(loss, (0, 1), has_aux=True)(
+            params, fp8, {}, x[0], cached
+        )
+        cache = cache or {}
+        (g1, f1) = jax.grad(lambda p, f: loss(p, f, cache, x[1])[0], (0, 1))(params, fp8)
+        grads = jax.tree.map(jnp.add, g0, g1)
+        return grads, tef.merge_fp8_metas(recipe, fp8, f0, f1), cache
+
+    run = jax.jit(step, static_argnums=3)
+    *cached, cache = run(v["params"], v["fp8_metas"], x, True)
+    *plain, _ = run(v["params"], v["fp8_metas"], x, False)
+    assert sorted(cache[tef.QUANTIZED_KERNELS]) == ["mlp_0", "mlp_1"]
+    assert sorted(cache[tef.QUANTIZED_KERNELS]["mlp_0"]) == ["wi", "wo"]
+    _assert_same(cached, plain)
+
+
 def test_nnx_modules_with_the_codes():
     """te_jax.nnx.quantize_kernels' codes given to the NNX LayerNormMLP and Linear: output,
     parameter gradients and the next FP8 state bit for bit those without, in one program."""

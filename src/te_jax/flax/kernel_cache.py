@@ -11,6 +11,11 @@ loop-invariant quantizes out of a ``lax.scan`` over the micro-batches by itself)
     def body(acc, xb):
         g = jax.grad(loss)(params, fp8, cache, xb)   # loss applies {"params", "fp8_metas",
         ...                                          #  **cache}
+
+For a model with te_jax modules anywhere inside it, apply it on the first micro-batch with the
+collection mutable: each module quantizes its kernels there and stores them
+(``model.apply(variables, x0, mutable=["quantized_kernels"])``), and the other micro-batches
+read them.
 """
 
 from __future__ import annotations
@@ -82,10 +87,20 @@ def _quantize_own(module: nn.Module) -> dict:
     return out
 
 
-def cached(module: nn.Module, gemms) -> dict:
-    """The module's codes quantized ahead, ``{gemm: codes}`` (empty without the collection)."""
-    return {
-        g: module.get_variable(QUANTIZED_KERNELS, g)
-        for g in gemms
-        if module.has_variable(QUANTIZED_KERNELS, g)
-    }
+def cached(module: nn.Module, spec, params: Mapping, quantizer_sets: Mapping) -> dict:
+    """The codes ``module``'s GEMMs take, ``{gemm: codes}``: those in the
+    ``"quantized_kernels"`` collection; where the collection is mutable and holds none for a
+    quantized GEMM, the kernel quantized now and stored there (so ``apply(..., mutable=
+    ["quantized_kernels"])`` on the first micro-batch fills it for every te_jax module of a
+    model, TransformerEngine's ``is_first_microbatch``). Empty otherwise."""
+    out = {}
+    # init makes every collection mutable: codes stored there would outlive the parameters.
+    fill = module.is_mutable_collection(QUANTIZED_KERNELS) and not module.is_initializing()
+    for gemm, (param, n_c) in spec.kernel_contractions().items():
+        qs = quantizer_sets[gemm]
+        if module.has_variable(QUANTIZED_KERNELS, gemm):
+            out[gemm] = module.get_variable(QUANTIZED_KERNELS, gemm)
+        elif fill and qs is not None and not qs.is_empty:
+            out[gemm] = quantize_kernel(params[param], qs, n_c)
+            module.put_variable(QUANTIZED_KERNELS, gemm, out[gemm])
+    return out

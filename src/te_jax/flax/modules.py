@@ -238,9 +238,8 @@ class DenseGeneral(nn.Module):
         )
         _check_input(self, where, x.shape, axes, "kernel")
         params = _declare(self, spec, where)
-        return spec.apply(
-            x, params, _quantizer_sets(self, spec, where), kernel_cache.cached(self, spec.gemms)
-        )
+        sets = _quantizer_sets(self, spec, where)
+        return spec.apply(x, params, sets, kernel_cache.cached(self, spec, params, sets))
 
 
 class LayerNormDenseGeneral(nn.Module):
@@ -314,9 +313,8 @@ class LayerNormDenseGeneral(nn.Module):
         )
         _check_input(self, where, x.shape, (x.ndim - 1,), "kernel")
         params = _declare(self, spec, where)
-        return spec.apply(
-            x, params, _quantizer_sets(self, spec, where), kernel_cache.cached(self, spec.gemms)
-        )
+        sets = _quantizer_sets(self, spec, where)
+        return spec.apply(x, params, sets, kernel_cache.cached(self, spec, params, sets))
 
 
 class LayerNormMLP(nn.Module):
@@ -418,5 +416,5 @@ class LayerNormMLP(nn.Module):
                 rate=spec.dropout_rate, broadcast_dims=spec.dropout_dims, rng_collection=rng_name
             )
             dropout = functools.partial(drop, deterministic=False)
-        qks = kernel_cache.cached(self, spec.gemms)
+        qks = kernel_cache.cached(self, spec, params, quantizer_sets)
         return spec.apply(x, params, quantizer_sets, dropout, quantized_kernels=qks)
