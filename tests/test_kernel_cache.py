@@ -211,6 +211,9 @@ def test_first_micro_batch_fills_the_collection_in_a_nested_model():
     assert sorted(cache[tef.QUANTIZED_KERNELS]) == ["mlp_0", "mlp_1"]
     assert sorted(cache[tef.QUANTIZED_KERNELS]["mlp_0"]) == ["wi", "wo"]
     _assert_same(cached, plain)
+    # every collection mutable (mutable=True) is not asking for the codes: none are stored
+    _, updates = jax.eval_shape(lambda v: model.apply(v, x[0], mutable=True), v)
+    assert tef.QUANTIZED_KERNELS not in updates
 
 
 def test_nnx_modules_with_the_codes():

@@ -89,13 +89,12 @@ def _quantize_own(module: nn.Module) -> dict:
 
 def cached(module: nn.Module, spec, params: Mapping, quantizer_sets: Mapping) -> dict:
     """The codes ``module``'s GEMMs take, ``{gemm: codes}``: those in the
-    ``"quantized_kernels"`` collection; where the collection is mutable and holds none for a
-    quantized GEMM, the kernel quantized now and stored there (so ``apply(..., mutable=
-    ["quantized_kernels"])`` on the first micro-batch fills it for every te_jax module of a
-    model, TransformerEngine's ``is_first_microbatch``). Empty otherwise."""
+    ``"quantized_kernels"`` collection; where the apply names that collection mutable and it
+    holds none for a quantized GEMM, the kernel quantized now and stored there (so
+    ``apply(..., mutable=["quantized_kernels"])`` on the first micro-batch fills it for every
+    te_jax module of a model, TransformerEngine's ``is_first_microbatch``). Empty otherwise."""
     out = {}
-    # init makes every collection mutable: codes stored there would outlive the parameters.
-    fill = module.is_mutable_collection(QUANTIZED_KERNELS) and not module.is_initializing()
+    fill = _asked_for(module)
     for gemm, (param, n_c) in spec.kernel_contractions().items():
         qs = quantizer_sets[gemm]
         if module.has_variable(QUANTIZED_KERNELS, gemm):
@@ -104,3 +103,15 @@ def cached(module: nn.Module, spec, params: Mapping, quantizer_sets: Mapping) ->
             out[gemm] = quantize_kernel(params[param], qs, n_c)
             module.put_variable(QUANTIZED_KERNELS, gemm, out[gemm])
     return out
+
+
+def _asked_for(module: nn.Module) -> bool:
+    """Whether this apply names the collection among its mutable ones. Not under ``init`` or
+    ``mutable=True`` / a deny list, which make every collection mutable: codes stored there
+    unasked could be carried into a later step, after the parameters they came from changed."""
+    if module.is_initializing() or not module.is_mutable_collection(QUANTIZED_KERNELS):
+        return False
+    named = module.scope.mutable
+    if isinstance(named, str):
+        return named == QUANTIZED_KERNELS
+    return isinstance(named, (list, tuple, set, frozenset)) and QUANTIZED_KERNELS in named
