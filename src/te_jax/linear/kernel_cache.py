@@ -30,9 +30,6 @@ from te_jax.recipe import QuantizerSet
 
 __all__ = ["quantize_kernel", "check_quantized_kernel"]
 
-_TENSOR_MODES = ("DELAYED_TENSOR_SCALING", "CURRENT_TENSOR_SCALING")
-
-
 def quantize_kernel(
     kernel: jax.Array,
     quantizer_set: QuantizerSet,
@@ -94,7 +91,7 @@ def _check_set(where: str, qs) -> QuantizerSet:
             f"{where}: a quantized kernel needs the GEMM's QuantizerSet under a recipe "
             f"(te_jax.QuantizerSet.create(te_jax.recipe.DelayedScaling())), got {qs!r}"
         )
-    if qs.scaling_mode.name not in _TENSOR_MODES:
+    if not qs.scaling_mode.is_tensor_scaling:
         raise ValueError(
             f"{where}: a kernel quantized ahead of its GEMMs needs tensor scaling (DelayedScaling,"
             f" CurrentScaling); {qs.scaling_mode.name} lays its block scales along each GEMM's "
