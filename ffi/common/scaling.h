@@ -11,13 +11,17 @@
 
 namespace te_jax {
 
-// Values follow TE's JAXX_Scaling_Mode.
+// Values 0-4 follow TE's JAXX_Scaling_Mode; the blockwise FP8 modes are te_jax's own. A mode
+// without a kScalingModes row has no kernel yet: decoding rejects it (Python routes it to the
+// pure-JAX path, ScalingModeImpl.kernel_backends).
 enum class ScalingMode : int64_t {
   NO_SCALING = 0,
   DELAYED_TENSOR_SCALING = 1,
   MXFP8_1D_SCALING = 2,
   CURRENT_TENSOR_SCALING = 3,
   NVFP4_1D_SCALING = 4,
+  FP8_BLOCK_1D_SCALING = 5,
+  FP8_BLOCK_2D_SCALING = 6,
 };
 
 enum class QuantizeLayout : int64_t {

@@ -106,6 +106,7 @@ def decide(
     *,
     target: str | None = None,
     kernel_dtypes=_KERNEL_DTYPES,
+    backends: frozenset[str] | None = None,
 ) -> Path:
     """The one decision between te_jax's kernel and the pure-JAX path (module docstring).
 
@@ -118,6 +119,10 @@ def decide(
         (``te_jax_gemm`` has a CUDA handler only): ``"ffi"`` then needs that target on the
         default backend, not just te_jax's extension.
       kernel_dtypes: the input dtypes the kernel takes (float32, bfloat16, float16 unless said).
+      backends: the backends whose kernel takes this call (a scaling mode the kernels of some
+        backends do not quantize in yet: ``ScalingModeImpl.kernel_backends``); ``None``: every
+        backend with the kernel. Elsewhere the call takes the pure-JAX path, and ``"ffi"``
+        raises.
 
     Raises:
       ValueError: an unknown ``implementation``.
@@ -143,11 +148,14 @@ def decide(
                 f"te_jax.{op}: the FFI kernels take {names} inputs, got "
                 f"{jnp.dtype(dtype).name}; use implementation=None or 'xla' for other dtypes"
             )
-        if not _kernel_available(backend, target):
+        if not _kernel_available(backend, target, backends):
             reason = _ffi.load_error(backend)
             if reason is None and target is not None and _ffi.ffi_available(backend):
                 where = sorted(_ffi.target_platforms(target))
                 reason = f"{target} is registered for: {', '.join(where) or 'no platform'}"
+            if reason is None and backends is not None:
+                where = ", ".join(sorted(backends)) or "no backend yet"
+                reason = f"this configuration has kernels for: {where}"
             what = "kernels" if target is None else f"{target} kernel"
             raise RuntimeError(
                 f"te_jax.{op}: implementation='ffi' but te_jax has no {what} for the "
@@ -162,6 +170,9 @@ def decide(
         if jnp.dtype(dtype) == jnp.float64:
             _warn_float64(op, target)
         return Path.XLA
+    if backends is not None and backend not in backends:
+        # The primitive would lower to kernels that do not take this call.
+        return Path.XLA
     return Path.KERNEL if _kernel_available(backend, target) else Path.PRIMITIVE
 
 
@@ -172,9 +183,12 @@ def use_ffi(
     *,
     target: str | None = None,
     kernel_dtypes=_KERNEL_DTYPES,
+    backends: frozenset[str] | None = None,
 ) -> bool:
     """Whether the op binds its primitive: ``decide(...)`` is not ``Path.XLA``."""
-    path = decide(op, implementation, dtype, target=target, kernel_dtypes=kernel_dtypes)
+    path = decide(
+        op, implementation, dtype, target=target, kernel_dtypes=kernel_dtypes, backends=backends
+    )
     return path is not Path.XLA
 
 
@@ -197,7 +211,11 @@ def deterministic_gemm() -> bool:
     return False
 
 
-def _kernel_available(backend: str, target: str | None) -> bool:
+def _kernel_available(
+    backend: str, target: str | None, backends: frozenset[str] | None = None
+) -> bool:
+    if backends is not None and backend not in backends:
+        return False
     if target is None:
         return _ffi.ffi_available(backend)
     return _ffi.target_available(target, backend)

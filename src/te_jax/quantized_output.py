@@ -40,7 +40,8 @@ def _check_quantizer(op: str, quantizer) -> None:
     if not isinstance(quantizer, Quantizer):
         raise TypeError(
             f"te_jax.{op}: quantizer must be a te_jax.quantize quantizer (DelayedScaleQuantizer, "
-            f"CurrentScaleQuantizer, MXFP8Quantizer or NVFP4Quantizer) or None, got "
+            "CurrentScaleQuantizer, MXFP8Quantizer, NVFP4Quantizer, Float8Block1DQuantizer or "
+            f"Float8Block2DQuantizer) or None, got "
             f"{type(quantizer).__name__}"
         )
 
@@ -83,7 +84,7 @@ def quantized_output(
     y_shape = kind.output_shape(act, jnp.shape(x))
     check_quantize_input(y_shape, dtype, quantizer, nf, f"te_jax.{op}")
     operands = _not_differentiable(op, tuple(operands))
-    if not use_ffi(op, implementation, dtype):
+    if not use_ffi(op, implementation, dtype, backends=cfg.spec.kernel_backends):
         dbias = None
         if kind is OpKind.ACT:
             y = activation_reference.act_lu(x, act, params)

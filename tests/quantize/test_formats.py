@@ -130,15 +130,24 @@ def test_modes_and_layouts():
     from te_jax.quantize import QuantizeLayout as L
     from te_jax.quantize import ScalingMode as M
 
-    assert [int(m) for m in M] == [0, 1, 2, 3, 4]
+    assert [int(m) for m in M] == [0, 1, 2, 3, 4, 5, 6]
     assert [int(lay) for lay in L] == [0, 1, 2]
     assert [m for m in M if m.is_tensor_scaling] == [
         M.DELAYED_TENSOR_SCALING,
         M.CURRENT_TENSOR_SCALING,
     ]
-    assert [m for m in M if m.is_block_scaling] == [M.MXFP8_1D_SCALING, M.NVFP4_1D_SCALING]
+    assert [m for m in M if m.is_block_scaling] == [
+        M.MXFP8_1D_SCALING,
+        M.NVFP4_1D_SCALING,
+        M.FP8_BLOCK_1D_SCALING,
+        M.FP8_BLOCK_2D_SCALING,
+    ]
     assert [m for m in M if m.is_two_pass] == [M.CURRENT_TENSOR_SCALING, M.NVFP4_1D_SCALING]
-    assert [m.block_size for m in M] == [None, None, 32, None, 16]
+    assert [m.block_size for m in M] == [None, None, 32, None, 16, 128, 128]
+    assert [m for m in M if m.impl.partial_blocks] == [
+        M.FP8_BLOCK_1D_SCALING,
+        M.FP8_BLOCK_2D_SCALING,
+    ]
     assert [(lay.has_rowwise, lay.has_colwise) for lay in L] == [
         (True, False),
         (False, True),

@@ -12,6 +12,8 @@ from te_jax.quantize.geometry import Geometry
 from te_jax.quantize.scaling_modes import (
     CurrentTensorScaling,
     DelayedTensorScaling,
+    Float8Block1DScaling,
+    Float8Block2DScaling,
     MXFP8BlockScaling,
     NoScaling,
     NVFP4BlockScaling,
@@ -37,6 +39,8 @@ def test_one_description_per_mode():
         MXFP8BlockScaling,
         CurrentTensorScaling,
         NVFP4BlockScaling,
+        Float8Block1DScaling,
+        Float8Block2DScaling,
     ]
     assert ScalingMode.NO_SCALING.impl.q_dtypes == () and not ScalingMode.NO_SCALING.impl.quantizes
     assert ScalingMode.NVFP4_1D_SCALING.impl.q_dtypes == (E2M1,)
@@ -44,7 +48,9 @@ def test_one_description_per_mode():
     assert ScalingMode.NVFP4_1D_SCALING.impl.block_scale_dtype == E4M3
     assert formats.DEFAULT_Q_DTYPE == {m: m.impl.q_dtypes[0] for m in QUANTIZING}
     # Which per-tensor operand the kernel reads: delayed's scale, the two-pass modes' amax.
-    assert [m.impl.batch_operand for m in QUANTIZING] == ["scale", "scale", "amax", "amax"]
+    assert [m.impl.batch_operand for m in QUANTIZING] == ["scale"] * 2 + ["amax"] * 2 + [
+        "scale"
+    ] * 2
     assert [m for m in ScalingMode if m.impl.uses_quantizer_scale] == [
         ScalingMode.DELAYED_TENSOR_SCALING
     ]

@@ -28,6 +28,8 @@ from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
+    Float8Block1DQuantizer,
+    Float8Block2DQuantizer,
     MXFP8Quantizer,
     NVFP4Quantizer,
     Quantizer,
@@ -45,6 +47,8 @@ __all__ = [
     "CurrentScaleQuantizer",
     "MXFP8Quantizer",
     "NVFP4Quantizer",
+    "Float8Block1DQuantizer",
+    "Float8Block2DQuantizer",
     "formats",
     "ieee",
     "reference",

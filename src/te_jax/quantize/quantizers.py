@@ -14,6 +14,8 @@ functional: ``DelayedScaleQuantizer.update`` returns a new quantizer.
 | CurrentScaleQuantizer   | CURRENT_TENSOR_SCALING   | float8_e4m3fn, float8_e5m2      |
 | MXFP8Quantizer          | MXFP8_1D_SCALING         | float8_e4m3fn, float8_e5m2      |
 | NVFP4Quantizer          | NVFP4_1D_SCALING         | float4_e2m1fn                   |
+| Float8Block1DQuantizer  | FP8_BLOCK_1D_SCALING     | float8_e4m3fn, float8_e5m2      |
+| Float8Block2DQuantizer  | FP8_BLOCK_2D_SCALING     | float8_e4m3fn, float8_e5m2      |
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from jax.custom_batching import custom_vmap
 from te_jax import _varying
 from te_jax.quantize import formats, ieee
 from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scale_math import BlockScaleOptions
 from te_jax.quantize.scaling_modes import ScalingMode
 
 __all__ = [
@@ -38,6 +41,8 @@ __all__ = [
     "CurrentScaleQuantizer",
     "MXFP8Quantizer",
     "NVFP4Quantizer",
+    "Float8Block1DQuantizer",
+    "Float8Block2DQuantizer",
     "AMAX_COMPUTE_ALGOS",
 ]
 
@@ -107,6 +112,12 @@ class Quantizer:
     def q_max(self) -> float:
         """The largest finite value ``Q`` of ``q_dtype`` (448, 57344 or 6)."""
         return formats.q_max(self.q_dtype)
+
+    @property
+    def scale_options(self) -> BlockScaleOptions | None:
+        """How block scales are chosen (blockwise FP8's ``BlockScaleOptions``); ``None`` for
+        the modes without options."""
+        return None
 
     def _flatten_with_keys(self):
         children = tuple(
@@ -226,6 +237,86 @@ class NVFP4Quantizer(Quantizer):
 
     def __post_init__(self):
         self._normalize_config()
+
+
+class _Float8BlockQuantizer(Quantizer):
+    """The blockwise FP8 quantizers' shared configuration: ``power_2_scale`` and
+    ``amax_epsilon`` (static, TransformerEngine's ``QParams``)."""
+
+    power_2_scale: bool
+    amax_epsilon: float
+
+    def __post_init__(self):
+        self._normalize_config()
+        options = BlockScaleOptions(self.power_2_scale, self.amax_epsilon)
+        object.__setattr__(self, "power_2_scale", options.power_2_scale)
+        object.__setattr__(self, "amax_epsilon", options.amax_epsilon)
+
+    @property
+    def scale_options(self) -> BlockScaleOptions:
+        return BlockScaleOptions(self.power_2_scale, self.amax_epsilon)
+
+
+@_register
+@dataclasses.dataclass(frozen=True)
+class Float8Block1DQuantizer(_Float8BlockQuantizer):
+    """Blockwise FP8, 1×128 blocks (activations and gradients in DeepSeek-V3's recipe;
+    docs/numerics.md §4).
+
+    Per block of 128 consecutive elements (the last one of a row partial where N is not a
+    multiple of 128): ``a = max(amax_b, amax_epsilon)``, ``scale = Q / a`` (rounded down to a
+    power of two with ``power_2_scale``; 1 for a zero, inf or NaN amax), ``q = sat(y · scale)``,
+    float32 ``scale_inv = 1 / scale``. Rowwise blocks run along the rows of ``[M, N]``; the
+    colwise copy is ``[N, M]`` (stored ``features + leading``) with blocks along its rows, i.e.
+    down y's columns, quantized from y. Scales are stored as cuBLASLt reads them:
+    ``(ceil(N/128), round_up(M, 4))`` rowwise, ``(ceil(M/128), round_up(N, 4))`` colwise.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import Float8Block1DQuantizer, quantize
+      >>> x = jnp.ones((4, 200), jnp.float32).at[:, 128:].set(3.0)   # two blocks per row
+      >>> st = quantize(x, Float8Block1DQuantizer(power_2_scale=False))
+      >>> st.scale_inv.shape, [round(float(1 / s), 3) for s in st.scale_inv[:, 0]]  # 448 / amax
+      ((2, 4), [448.0, 149.333])
+      >>> st.dequantize().tolist() == x.tolist()
+      True
+    """
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.FP8_BLOCK_1D_SCALING
+
+    q_dtype: Any = formats.E4M3
+    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
+
+
+@_register
+@dataclasses.dataclass(frozen=True)
+class Float8Block2DQuantizer(_Float8BlockQuantizer):
+    """Blockwise FP8, 128×128 tiles (weights in DeepSeek-V3's recipe; docs/numerics.md §4).
+
+    One scale per tile of ``[M, N]`` (partial tiles at the edges), chosen as
+    ``Float8Block1DQuantizer``'s from the tile's amax. The colwise copy ``[N, M]`` and its
+    scales are the transposes of the rowwise ones. Scales: ``(ceil(M/128),
+    round_up(ceil(N/128), 4))`` rowwise, ``(ceil(N/128), round_up(ceil(M/128), 4))`` colwise.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from te_jax.quantize import Float8Block2DQuantizer, QuantizeLayout, quantize
+      >>> w = jnp.full((130, 300), 2.0, jnp.bfloat16)
+      >>> st = quantize(w, Float8Block2DQuantizer(q_layout=QuantizeLayout.ROWWISE_COLWISE))
+      >>> st.scale_inv.shape, st.colwise_data.shape, st.colwise_scale_inv.shape
+      ((2, 4), (300, 130), (3, 4))
+      >>> float(st.scale_inv[0, 0])             # 1 / 2^floor(log2(448 / 2))
+      0.0078125
+    """
+
+    scaling_mode: ClassVar[ScalingMode] = ScalingMode.FP8_BLOCK_2D_SCALING
+
+    q_dtype: Any = formats.E4M3
+    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
 
 
 @_register

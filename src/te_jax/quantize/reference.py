@@ -16,6 +16,9 @@ round-to-nearest-even cast (``formats.saturating_cast``):
 * NVFP4: ``S = nvfp4_global_scale(amax)``; per block of 16
   ``block_scale = sat_e4m3((amax_block / 6) · S)``, ``q = sat_e2m1((y · S) / block_scale)``
   (0 where ``block_scale`` is 0); ``scale_inv = block_scale``, ``global_scale_inv = 1 / S``.
+* Blockwise FP8 (1×128 blocks or 128×128 tiles of ``[M, N]``, partial at the edges):
+  ``scale = fp8_block_scale(max|y_block|, Q, options)``; ``q = sat(y · scale)``;
+  ``scale_inv = 1 / scale`` (float32, in cuBLASLt's layout: ``scaling_modes``).
 
 Each operation is one float32 operation, evaluated left to right as written. The arithmetic of
 each mode is its description's (``scaling_modes``); the scale formulas are ``scale_math``'s;
@@ -119,7 +122,13 @@ def _quantize(y, quantizer: Quantizer, amax_, n_feature_axes) -> ScaledTensor:
     spec = quantizer.scaling_mode.impl
     scale = quantizer.scale if spec.uses_quantizer_scale else None
     fields = spec.quantize_fields(
-        formats.to_float32(y), quantizer.q_dtype, quantizer.q_layout, n_feature_axes, scale, amax_
+        formats.to_float32(y),
+        quantizer.q_dtype,
+        quantizer.q_layout,
+        n_feature_axes,
+        scale,
+        amax_,
+        quantizer.scale_options,
     )
     return ScaledTensor(
         **fields,

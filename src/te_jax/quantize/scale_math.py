@@ -1,12 +1,14 @@
 """The scale arithmetic of the quantizing modes, in exact IEEE float32 (docs/numerics.md §4).
 
 ``amax`` (the tensor's ``max |y|``), current scaling's ``Q / amax``, NVFP4's global scale
-``S = 6·448 / amax`` and the MXFP8 block exponent ``ceil(log2(amax_b / Q))``. Shared by the
-scaling-mode descriptions (``scaling_modes``) and re-exported by ``reference``.
+``S = 6·448 / amax``, the MXFP8 block exponent ``ceil(log2(amax_b / Q))`` and the blockwise FP8
+block scale (``BlockScaleOptions``, ``fp8_block_scale``). Shared by the scaling-mode descriptions
+(``scaling_modes``) and re-exported by ``reference``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -16,7 +18,15 @@ import numpy as np
 
 from te_jax.quantize import formats, ieee
 
-__all__ = ["amax", "current_scale", "nvfp4_global_scale", "mxfp8_exponent", "NVFP4_GLOBAL_Q"]
+__all__ = [
+    "amax",
+    "current_scale",
+    "nvfp4_global_scale",
+    "mxfp8_exponent",
+    "NVFP4_GLOBAL_Q",
+    "BlockScaleOptions",
+    "fp8_block_scale",
+]
 
 _F32_MAX = np.float32(np.finfo(np.float32).max)
 NVFP4_GLOBAL_Q = 6.0 * 448.0  # E2M1 max times E4M3 max: S maps the tensor amax onto it
@@ -83,3 +93,56 @@ def mxfp8_exponent(amax_b: jax.Array, q_max: float) -> jax.Array:
     e = jnp.where(ieee.is_zero(amax_b), -127, e)
     e = jnp.where(jnp.isinf(amax_b), 127, e)
     return jnp.where(jnp.isnan(amax_b), 128, e).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockScaleOptions:
+    """How a blockwise FP8 block scale is chosen (TransformerEngine's ``QParams``): a hashable,
+    static part of the blockwise quantizers and of the ops that quantize with them.
+
+    Attributes:
+      power_2_scale: round each scale down to a power of two (exact scaling, and
+        ``scale_inv = 1 / scale`` exact too).
+      amax_epsilon: a floor on each block's amax before ``Q / amax`` (float32; 0 for none).
+
+    Example:
+      >>> from te_jax.quantize.scale_math import BlockScaleOptions
+      >>> BlockScaleOptions(power_2_scale=False, amax_epsilon=1e-12).amax_epsilon
+      1e-12
+    """
+
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.power_2_scale, (bool, np.bool_)):
+            raise TypeError(f"power_2_scale must be a bool, got {self.power_2_scale!r}")
+        eps = self.amax_epsilon
+        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+            raise TypeError(f"amax_epsilon must be a float, got {eps!r}")
+        if not (math.isfinite(float(eps)) and float(eps) >= 0.0):
+            raise ValueError(f"amax_epsilon must be a finite float >= 0, got {eps!r}")
+        object.__setattr__(self, "power_2_scale", bool(self.power_2_scale))
+        object.__setattr__(self, "amax_epsilon", float(eps))
+
+
+_MANTISSA_OFF = np.uint32(0xFF800000)  # sign and exponent bits of a float32
+
+
+def fp8_block_scale(amax_b: jax.Array, q_max: float, options: BlockScaleOptions) -> jax.Array:
+    """Blockwise FP8's scale per block from the block amaxes ``amax_b`` (float32, any shape):
+
+    ``a = max(amax_b, ε)`` (NaN stays NaN); ``scale = RN(Q / a)``, float32 max where that
+    overflows; with ``power_2_scale`` the scale's mantissa bits cleared (``2^floor(log2 ·)``);
+    ``scale = 1`` where ``a`` is 0, inf or NaN. Float32, ``amax_b``'s shape.
+    """
+    a = jnp.asarray(amax_b, jnp.float32)
+    eps = np.float32(options.amax_epsilon)
+    a = jnp.where(a < eps, eps, a)  # NaN < eps is false: a NaN amax stays NaN
+    s = ieee.div(np.float32(q_max), a)  # a native division is not exact on every backend
+    s = jnp.where(jnp.isinf(s), _F32_MAX, s)
+    if options.power_2_scale:
+        u = jax.lax.bitcast_convert_type(s, jnp.uint32) & _MANTISSA_OFF
+        s = jax.lax.bitcast_convert_type(u, jnp.float32)
+    degenerate = ieee.is_zero(a) | jnp.isinf(a) | jnp.isnan(a)
+    return jnp.where(degenerate, jnp.float32(1.0), s)

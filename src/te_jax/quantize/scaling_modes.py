@@ -13,6 +13,8 @@ its quantize / dequantize arithmetic (docs/numerics.md §4, §5).
 | MXFP8_1D_SCALING       | MXFP8BlockScaling     | E4M3, E5M2  | E8M0, one per block       | 32    |
 | CURRENT_TENSOR_SCALING | CurrentTensorScaling  | E4M3, E5M2  | float32, one per tensor   | -     |
 | NVFP4_1D_SCALING       | NVFP4BlockScaling     | E2M1        | E4M3, one per block (+1/S)| 16    |
+| FP8_BLOCK_1D_SCALING   | Float8Block1DScaling  | E4M3, E5M2  | float32, one per 1×128    | 128   |
+| FP8_BLOCK_2D_SCALING   | Float8Block2DScaling  | E4M3, E5M2  | float32, one per 128×128  | 128   |
 
 Adding a mode is one subclass here, its enum value, and its kernels.
 
@@ -24,6 +26,7 @@ primitive result.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -44,6 +47,8 @@ __all__ = [
     "CurrentTensorScaling",
     "MXFP8BlockScaling",
     "NVFP4BlockScaling",
+    "Float8Block1DScaling",
+    "Float8Block2DScaling",
     "FFI_RESULT_SLOTS",
     "ffi_result_list",
 ]
@@ -59,6 +64,10 @@ class ScalingMode(NamedIntEnum):
     * ``MXFP8_1D_SCALING``: one E8M0 (power-of-two) scale per block of 32 elements.
     * ``CURRENT_TENSOR_SCALING``: one float32 scale per tensor, from this tensor's amax.
     * ``NVFP4_1D_SCALING``: one E4M3 scale per block of 16 elements and a float32 global scale.
+    * ``FP8_BLOCK_1D_SCALING``: one float32 scale per 128 consecutive elements of a row
+      (rowwise) or of a column (colwise) of the flattened ``[M, N]`` (DeepSeek-V3's activations
+      and gradients).
+    * ``FP8_BLOCK_2D_SCALING``: one float32 scale per 128×128 tile of ``[M, N]`` (its weights).
 
     Example:
       >>> from te_jax.quantize import ScalingMode
@@ -74,6 +83,8 @@ class ScalingMode(NamedIntEnum):
     MXFP8_1D_SCALING = 2
     CURRENT_TENSOR_SCALING = 3
     NVFP4_1D_SCALING = 4
+    FP8_BLOCK_1D_SCALING = 5
+    FP8_BLOCK_2D_SCALING = 6
 
     @property
     def impl(self) -> ScalingModeImpl:
@@ -92,7 +103,8 @@ class ScalingMode(NamedIntEnum):
 
     @property
     def block_size(self) -> int | None:
-        """Elements per scale block: 32 (MXFP8), 16 (NVFP4), ``None`` otherwise."""
+        """Elements per scale block along each blocked axis: 32 (MXFP8), 16 (NVFP4), 128
+        (blockwise FP8), ``None`` otherwise."""
         return self.impl.block_size
 
     @property
@@ -157,6 +169,11 @@ class ScalingModeImpl:
         MXFP8 GEMM), or ``None`` (no GEMM takes it).
       gemm_folds_rows: the GEMM's rows are one axis (block scaling: a colwise block runs down
         one row axis, so a tensor's leading axes are folded before it is quantized).
+      partial_blocks: any shape is taken, the blocks at the end of an axis covering what is
+        left (blockwise FP8); otherwise the blocked axes must be multiples of the block.
+      kernel_backends: the backends (``jax.default_backend()`` names) whose te_jax kernels
+        quantize in this mode, ``None`` for every backend te_jax builds; elsewhere its ops take
+        the pure-JAX path (``te_jax.dispatch.decide``).
     """
 
     mode: ClassVar[ScalingMode]
@@ -172,6 +189,8 @@ class ScalingModeImpl:
     is_tensor_scaling: ClassVar[bool] = False
     gemm_operands: ClassVar[str | None] = None
     gemm_folds_rows: ClassVar[bool] = False
+    partial_blocks: ClassVar[bool] = False
+    kernel_backends: ClassVar[frozenset[str] | None] = None
 
     @property
     def name(self) -> str:
@@ -305,11 +324,14 @@ class ScalingModeImpl:
 
     # --- arithmetic ---------------------------------------------------------------------------
 
-    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax) -> dict:
+    def quantize_fields(
+        self, y32, q_dtype, layout, n_feature_axes, scale, amax, options=None
+    ) -> dict:
         """The pure-JAX quantization of ``y32`` (float32): ``{ScaledTensor field: array}``.
 
         ``scale`` is the quantizer's scale (delayed scaling), ``amax`` the tensor amax (the
-        modes with ``has_amax``); float32 ``()``.
+        modes with ``has_amax``); float32 ``()``. ``options``: the quantizer's
+        ``scale_options`` (blockwise FP8's ``scale_math.BlockScaleOptions``), else ``None``.
         """
         raise ValueError(f"{self.name} produces no quantized tensor")
 
@@ -374,7 +396,7 @@ class _TensorScaling(ScalingModeImpl):
         """The scale ``q = sat(y · scale)`` uses, float32 ``()``."""
         raise NotImplementedError
 
-    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax):
+    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax, options=None):
         scale = self.tensor_scale(scale, amax, q_dtype)
         q = formats.saturating_cast(ieee.mul(y32, scale), q_dtype)
         scale_inv = ieee.div(np.float32(1.0), scale)
@@ -499,7 +521,7 @@ class _BlockScaling(ScalingModeImpl):
         along ``axis`` and returns ``(data, block scales)``."""
         raise NotImplementedError
 
-    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax):
+    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax, options=None):
         fields, direction = self._prepare(y32, q_dtype, amax)
         if layout.has_rowwise:
             axis = block_axis(y32.ndim, n_feature_axes, False)
@@ -599,6 +621,156 @@ class NVFP4BlockScaling(_BlockScaling):
         return ieee.mul(ieee.mul(blocks, bs), jnp.asarray(global_scale_inv, jnp.float32))
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def _pad_to(a, axis: int, size: int):
+    """``a`` zero-padded at the end of ``axis`` to ``size``."""
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, size - a.shape[axis])
+    return jnp.pad(a, pad)
+
+
+class _Float8BlockScaling(ScalingModeImpl):
+    """Blockwise FP8 (TransformerEngine's ``Float8BlockScaling``, DeepSeek-V3's recipe): E4M3 or
+    E5M2 codes, one float32 scale per block of the flattened ``[M, N]``; any shape (the last
+    block of an axis is partial). Per block, ``scale = fp8_block_scale(max|y_b|, Q, options)``,
+    ``data = sat(RN(y · scale))``, ``scale_inv = RN(1 / scale)``.
+
+    Each copy is a matrix ``[R, C]`` in the "TN" form cuBLASLt's FP8 GEMM reads: the rowwise
+    copy is ``[M, N]`` (y's shape), the colwise copy its transpose ``[N, M]`` stored
+    ``features + leading`` (as tensor scaling's). The scales of a copy ``[R, C]`` are in the
+    layout cuBLASLt's block-scaled GEMM reads in place (docs/numerics.md §5): 1D blocks (1×128
+    along C) ``(ceil(C/128), round_up(R, 4))``, R contiguous; 2D blocks (128×128)
+    ``(ceil(R/128), round_up(ceil(C/128), 4))``; the padding is zeros.
+    """
+
+    q_dtypes = (formats.E4M3, formats.E5M2)
+    block_size = 128
+    block_scale_dtype = _F32
+    gemm_operands = "dequantized"
+    gemm_folds_rows = True
+    partial_blocks = True
+    kernel_backends = frozenset()
+    block_dims: ClassVar[int]  # 1: 1×128 blocks, 2: 128×128 tiles
+
+    def scale_names(self, layout):
+        return (("scale_inv",) if layout.has_rowwise else ()) + (
+            ("colwise_scale_inv",) if layout.has_colwise else ()
+        )
+
+    def scale_shape(self, r: int, c: int) -> tuple[int, int]:
+        """The stored scales of a copy ``[r, c]`` (class doc)."""
+        b = self.block_size
+        if self.block_dims == 1:
+            return (_ceil_div(c, b), _round_up(r, 4))
+        return (_ceil_div(r, b), _round_up(_ceil_div(c, b), 4))
+
+    def shapes(self, g, layout, q_dtype, per_tensor=(1,)):
+        batch, lead, feat = list(g.batch), list(g.lead), list(g.feat)
+        m, n = math.prod(lead), g.n
+        found = {
+            "data": _sds(tuple(batch + lead + feat), np.dtype(q_dtype)),
+            "colwise_data": _sds(tuple(batch + feat + lead), np.dtype(q_dtype)),
+            "scale_inv": _sds(tuple(batch) + self.scale_shape(m, n), _F32),
+            "colwise_scale_inv": _sds(tuple(batch) + self.scale_shape(n, m), _F32),
+        }
+        return {name: found[name] for name in self.result_names(layout)}
+
+    def logical_shape_of_colwise(self, colwise_shape, n_feature_axes):
+        s = tuple(colwise_shape)  # features + leading -> leading + features
+        return s[n_feature_axes:] + s[:n_feature_axes]
+
+    def _grid(self, x2, q_dtype, options):
+        """``[R, C]`` float32 -> ``(codes [R, C], scales per block)``: ``(R, ceil(C/128))``
+        (1D) or ``(ceil(R/128), ceil(C/128))`` (2D). The partial blocks are zero-padded, which
+        leaves their amax unchanged."""
+        b, (r, c) = self.block_size, x2.shape
+        rb = _ceil_div(r, b) * b if self.block_dims == 2 else r
+        cb = _ceil_div(c, b) * b
+        xp = _pad_to(_pad_to(x2, 0, rb), 1, cb)
+        if self.block_dims == 1:
+            blocks = xp.reshape(rb, cb // b, b)
+            amax_b = ieee.abs_max(blocks, axis=2)
+            scale = scale_math.fp8_block_scale(amax_b, formats.q_max(q_dtype), options)
+            scaled = ieee.mul(blocks, scale[:, :, None])
+        else:
+            blocks = xp.reshape(rb // b, b, cb // b, b)
+            amax_b = ieee.abs_max(blocks, axis=(1, 3))
+            scale = scale_math.fp8_block_scale(amax_b, formats.q_max(q_dtype), options)
+            scaled = ieee.mul(blocks, scale[:, None, :, None])
+        codes = formats.saturating_cast(scaled, q_dtype).reshape(rb, cb)[:r, :c]
+        return codes, ieee.div(np.float32(1.0), scale)
+
+    def _stored(self, scale_inv, r: int, c: int):
+        """The per-block ``scale_inv`` of a copy ``[r, c]`` in its stored layout (class doc)."""
+        if self.block_dims == 1:  # (r, blocks) -> (blocks, round_up(r, 4))
+            return _pad_to(scale_inv.T, 1, self.scale_shape(r, c)[1])
+        return _pad_to(scale_inv, 1, self.scale_shape(r, c)[1])
+
+    def quantize_fields(self, y32, q_dtype, layout, n_feature_axes, scale, amax, options=None):
+        if options is None:
+            raise ValueError(f"{self.name}: quantizing needs the quantizer's BlockScaleOptions")
+        lead = y32.shape[: y32.ndim - n_feature_axes]
+        feat = y32.shape[y32.ndim - n_feature_axes :]
+        m, n = math.prod(lead), math.prod(feat)
+        y2 = y32.reshape(m, n)
+        fields = {}
+        if self.block_dims == 2:  # one grid: the colwise copy is the transpose, scales too
+            codes, grid = self._grid(y2, q_dtype, options)
+            if layout.has_rowwise:
+                fields["data"] = codes.reshape(y32.shape)
+                fields["scale_inv"] = self._stored(grid, m, n)
+            if layout.has_colwise:
+                fields["colwise_data"] = codes.T.reshape(feat + lead)
+                fields["colwise_scale_inv"] = self._stored(grid.T, n, m)
+            return fields
+        # 1D: each copy from the high-precision values, blocks along its own rows.
+        if layout.has_rowwise:
+            codes, s = self._grid(y2, q_dtype, options)
+            fields["data"], fields["scale_inv"] = codes.reshape(y32.shape), self._stored(s, m, n)
+        if layout.has_colwise:
+            codes, s = self._grid(y2.T, q_dtype, options)
+            fields["colwise_data"] = codes.reshape(feat + lead)
+            fields["colwise_scale_inv"] = self._stored(s, n, m)
+        return fields
+
+    def dequantize(self, v, s, global_scale_inv, colwise, n_feature_axes):
+        split = n_feature_axes if colwise else v.ndim - n_feature_axes
+        r, c = math.prod(v.shape[:split]), math.prod(v.shape[split:])
+        b, s = self.block_size, jnp.asarray(s, jnp.float32)
+        if self.block_dims == 1:  # (blocks, round_up(r, 4)) -> one scale per element
+            per = jnp.repeat(s[:, :r].T, b, axis=1)[:, :c]
+        else:
+            grid = s[:, : _ceil_div(c, b)]
+            per = jnp.repeat(jnp.repeat(grid, b, axis=0), b, axis=1)[:r, :c]
+        out = ieee.mul(v.reshape(r, c), per).reshape(v.shape)
+        if colwise:
+            out = jnp.transpose(out, np.argsort(colwise_perm(v.ndim, n_feature_axes)))
+        return out
+
+
+class Float8Block1DScaling(_Float8BlockScaling):
+    """Blockwise FP8 with 1×128 blocks: rowwise along each row of ``[M, N]``, colwise down each
+    column (the colwise copy ``[N, M]`` blocked along its rows), each copy quantized from y."""
+
+    mode = ScalingMode.FP8_BLOCK_1D_SCALING
+    block_dims = 1
+
+
+class Float8Block2DScaling(_Float8BlockScaling):
+    """Blockwise FP8 with 128×128 tiles: one scale per tile; the colwise copy and its scales are
+    the transposes of the rowwise ones."""
+
+    mode = ScalingMode.FP8_BLOCK_2D_SCALING
+    block_dims = 2
+
+
 _IMPLS: dict[ScalingMode, ScalingModeImpl] = {
     impl.mode: impl
     for impl in (
@@ -607,6 +779,8 @@ _IMPLS: dict[ScalingMode, ScalingModeImpl] = {
         MXFP8BlockScaling(),
         CurrentTensorScaling(),
         NVFP4BlockScaling(),
+        Float8Block1DScaling(),
+        Float8Block2DScaling(),
     )
 }
 assert set(_IMPLS) == set(ScalingMode), "every ScalingMode needs its description"

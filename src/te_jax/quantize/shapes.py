@@ -16,6 +16,10 @@ each mode's (``ScalingMode.X.impl.shapes``); this module asks them for a given i
 
 Scale shapes (rank kept, unpadded): rowwise ``shape[:-1] + (shape[-1] // block,)``; colwise
 ``leading[:-1] + (leading[-1] // block,) + features``.
+
+* Blockwise FP8 takes any shape (partial blocks at the ends); its colwise copy is the transpose,
+  as tensor scaling's, and its float32 scales are 2-D in cuBLASLt's layout
+  (``scaling_modes.Float8Block1DScaling`` / ``Float8Block2DScaling``).
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ def scale_shapes(
     | delayed, current | float32 ``()``, one shared scale (both fields) | f32 () | None     |
     | MXFP8   | float8_e8m0fnu, block shapes (module doc)      | None    | None             |
     | NVFP4   | float8_e4m3fn, block shapes                    | f32 ()  | f32 ()           |
+    | FP8 block | float32, cuBLASLt's 2-D layout (module doc)  | None    | None             |
 
     Tensor scaling has ``scale_inv`` even when only colwise data is produced (the scale is
     shared); block scaling has ``scale_inv`` only with rowwise data.
@@ -112,7 +117,7 @@ def check_geometry(
     if ndim == 0:
         raise ValueError(f"{where}: cannot quantize a scalar; the input needs a feature axis")
     block = scaling_mode.impl.block_size
-    if block is None:
+    if block is None or scaling_mode.impl.partial_blocks:
         return
     mode = scaling_mode.name
     if q_layout.has_rowwise and shape[-1] % block:
@@ -151,7 +156,8 @@ def check_quantize_input(
     if not isinstance(quantizer, Quantizer):
         raise TypeError(
             f"{where}: quantizer must be a te_jax.quantize quantizer (DelayedScaleQuantizer, "
-            f"CurrentScaleQuantizer, MXFP8Quantizer or NVFP4Quantizer), got "
+            f"CurrentScaleQuantizer, MXFP8Quantizer, NVFP4Quantizer, Float8Block1DQuantizer or "
+            f"Float8Block2DQuantizer), got "
             f"{type(quantizer).__name__}"
         )
     check_input_dtype(where, dtype, what="the input")
