@@ -29,6 +29,8 @@ from helpers import (
 from te_jax.quantize import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
+    Float8Block1DQuantizer,
+    Float8Block2DQuantizer,
     MXFP8Quantizer,
     NVFP4Quantizer,
     QuantizeLayout,
@@ -171,6 +173,54 @@ def test_fused_equals_quantize_of_the_op(mode, q_dtype, layout, dtype, g, rng):
             allowed = tol * np.abs(want_b) + 2.0**-16 * np.asarray(abs_sum).reshape(want_b.shape)
             bad = np.abs(got_b - want_b) > allowed
             assert not bad.any(), (what, got_b[bad][:4], want_b[bad][:4])
+
+
+BLOCKWISE = [
+    Float8Block1DQuantizer(E4M3, QuantizeLayout.ROWWISE_COLWISE),
+    Float8Block2DQuantizer(E5M2, QuantizeLayout.ROWWISE_COLWISE, power_2_scale=False),
+]
+
+
+@pytest.mark.parametrize("q", BLOCKWISE, ids=["1d", "2d"])
+def test_blockwise_ops_quantize_the_op_output(q, rng):
+    """Blockwise FP8 has no kernel here: act_lu and quantize_dact_dbias with a blockwise
+    quantizer run the op in pure JAX and quantize its output (the bits of quantize(op(x))),
+    dbias the unquantized op's; implementation='ffi' is refused at trace time."""
+    rows = (3, 70)  # 210 rows: a partial block of the colwise copy
+    gelu, swiglu = (next(a for a in ACTS if a.alias == n) for n in ("gelu", "swiglu"))
+    x1 = jnp.asarray(make_x(rng, rows + (150,), jnp.bfloat16, gelu))
+    x2 = jnp.asarray(make_x(rng, rows + (2, 150), jnp.bfloat16, swiglu))
+    dz = jnp.asarray(make_dz(rng, rows + (150,), jnp.bfloat16))
+
+    @jax.jit
+    def f(x1, x2, dz):
+        quant = te_jax.quantize.quantize
+        out = []
+        for act, x in (("gelu", x1), ("swiglu", x2)):
+            y = te_jax.act_lu(x, act, implementation="xla")
+            out.append((te_jax.act_lu(x, act, quantizer=q), quant(y.reshape(210, 150), q), None))
+            dx, dbias = te_jax.quantize_dact_dbias(
+                dz, x, act, is_dbias=act == "gelu", implementation="xla"
+            )
+            fused, fused_dbias = te_jax.quantize_dact_dbias(
+                dz, x, act, is_dbias=act == "gelu", quantizer=q
+            )
+            want = quant(dx.reshape(210, -1), q)
+            out.append((fused, want, (fused_dbias, dbias)))
+        return out
+
+    for i, (fused, want, dbias) in enumerate(f(x1, x2, dz)):
+        # The fused copies keep the op's axes, the composite's are [M, N] (and its transpose
+        # [N, M]): the same buffers, element for element; the scales are 2-D in both.
+        for k in FIELDS:
+            g, w = getattr(fused, k), getattr(want, k)
+            assert (g is None) == (w is None), (i, k)
+            if g is not None:
+                np.testing.assert_array_equal(_bits(g).ravel(), _bits(w).ravel(), err_msg=k)
+        if dbias is not None and dbias[1] is not None:
+            np.testing.assert_array_equal(np.asarray(dbias[0]), np.asarray(dbias[1]))
+    with pytest.raises(RuntimeError, match="implementation='ffi'.*kernels for: no backend"):
+        jax.eval_shape(lambda x: te_jax.act_lu(x, "gelu", quantizer=q, implementation="ffi"), x1)
 
 
 # x (2, 3, 32, 2, 32): leading axes folded into the rows; two column blocks of MXFP8, four of
