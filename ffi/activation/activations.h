@@ -92,6 +92,19 @@ namespace act {
 // x * w, or -0 where w == 0 (x may be -inf there).
 TE_HD float times_weight(float x, float w) { return w == 0.0f ? -0.0f : x * w; }
 
+// times_weight for a weight that is 0 only at x < 0 (a CDF of x, or a sigmoid of a positive
+// multiple of x). On the device x * 0 there is already the -0 wanted once x = -inf is clamped
+// to the largest finite value: a max and a multiply instead of a compare, a multiply and a
+// select (the GPU's one NaN stays NaN: w is NaN too). The host keeps times_weight's bits, NaN
+// payloads included.
+TE_HD float times_rising_weight(float x, float w) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(x, -3.40282347e38f) * w;
+#else
+  return times_weight(x, w);
+#endif
+}
+
 // w + t * h, or w where t == 0 (h may be infinite there).
 TE_HD float plus_term(float w, float t, float h) { return t == 0.0f ? w : w + t * h; }
 
@@ -106,7 +119,7 @@ struct Gelu {
     constexpr float c = 0.044715f;
     const float x2 = x * x;
     const float s = math::sigmoid(2.0f * k * x * (1.0f + c * x2));
-    f = times_weight(x, s);
+    f = times_rising_weight(x, s);
     df = plus_term(s, s * (1.0f - s), 2.0f * k * x * (1.0f + 3.0f * c * x2));
   }
 };
@@ -118,7 +131,7 @@ struct GeluExact {
     constexpr float inv_sqrt2 = 0.7071067811865476f;
     constexpr float inv_sqrt_2pi = 0.3989422804014327f;
     const float cdf = 0.5f * (1.0f + math::erf(x * inv_sqrt2));
-    f = times_weight(x, cdf);
+    f = times_rising_weight(x, cdf);
     df = plus_term(cdf, math::exp(-0.5f * x * x), x * inv_sqrt_2pi);
   }
 };
@@ -133,21 +146,25 @@ struct Sigmoid {
 };
 
 // x*sigma(beta*x) and its derivative sigma(bx) + bx*sigma(bx)*(1-sigma(bx)). beta*x may overflow
-// (QuickGELU at |x| > 2e38): sigma saturates long before.
+// (QuickGELU at |x| > 2e38): sigma saturates long before. kPositiveBeta: beta > 0 always (not a
+// user's parameter), so sigma(bx) is 0 only at x < 0.
+template <bool kPositiveBeta>
 TE_HD void swish(float x, float beta, float& f, float& df) {
   const float bx = beta * x;
   const float s = math::sigmoid(bx);
-  f = times_weight(x, s);
+  f = kPositiveBeta ? times_rising_weight(x, s) : times_weight(x, s);
   df = plus_term(s, s * (1.0f - s), bx);
 }
 
 struct Silu {
-  TE_HD static void eval(float x, const ActParams&, float& f, float& df) { swish(x, 1.0f, f, df); }
+  TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
+    swish<true>(x, 1.0f, f, df);
+  }
 };
 
 struct QuickGelu {
   TE_HD static void eval(float x, const ActParams&, float& f, float& df) {
-    swish(x, 1.702f, f, df);
+    swish<true>(x, 1.702f, f, df);
   }
 };
 
@@ -172,7 +189,7 @@ struct ClampedSilu {
   TE_HD static void eval(float x, const ActParams& p, float& f, float& df) {
     const float limit = p.clamped_swiglu.limit;
     const float m = x > limit ? limit : x;
-    swish(m, p.clamped_swiglu.alpha, f, df);
+    swish<false>(m, p.clamped_swiglu.alpha, f, df);
     df = x > limit ? 0.0f : df;
   }
 };

@@ -52,15 +52,19 @@ TE_HD float erf(float x) {
 }
 
 // 1 / (1 + exp(-x)); exp overflow (x << 0) gives exactly 0.
-// On the device both steps are the hardware approximations: __expf (ex2.approx of x * log2(e))
-// and __fdividef (rcp.approx, then a multiply). The relative error is a few float32 ulps plus
+// On the device both steps are the hardware approximations: e^-x as ex2.approx.ftz of
+// x * -log2(e) (__expf's product) and __fdividef (rcp.approx, then a multiply). ftz flushes a
+// subnormal 2^t (t < -126) to 0, which cannot change 1 + e, and saves __expf's range fix-up for
+// such t (a compare and two predicated multiplies per value). The relative error is a few float32 ulps plus
 // about 2|x| ulps from rounding x * log2(e) (kernel_test measures it against float64 over the
 // whole range), far inside docs/numerics.md §7's 1e-5. The correctly rounded pair
 // (expf, __frcp_rn) makes the GELU-based kernels instruction-bound rather than memory-bound
 // (activation/cuda/NOTES.md, "Device math").
 TE_HD float sigmoid(float x) {
 #if defined(__CUDA_ARCH__)
-  return __fdividef(1.0f, 1.0f + __expf(-x));
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(__fmul_rn(x, -1.4426950408889634f)));
+  return __fdividef(1.0f, 1.0f + e);
 #else
   return 1.0f / (1.0f + exp(-x));
 #endif

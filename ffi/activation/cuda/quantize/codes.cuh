@@ -11,19 +11,31 @@
 
 namespace te_jax::cuda::quant {
 
-// 8 codes of fmt(q[k]), little-endian in two words. Every lane of the warp must call it.
-__device__ __forceinline__ uint2 fp8_codes(bool e5m2, const float (&q)[8]) {
-  const Pack<uint8_t, 8> p = fp8_pack<8>(e5m2, q, 0xffffffffu);
+// 8 codes of fmt(q[k]) (fp8_pack_as: a NaN q[k] must be positive), little-endian in two words.
+// Every lane of the warp must call it.
+template <bool kE5m2>
+__device__ __forceinline__ uint2 fp8_codes(const float (&q)[8]) {
+  const Pack<uint8_t, 8> p = fp8_pack_as<kE5m2, 8>(q, 0xffffffffu);
   return make_uint2(p.w[0], p.w[1]);
 }
+__device__ __forceinline__ uint2 fp8_codes(bool e5m2, const float (&q)[8]) {
+  return e5m2 ? fp8_codes<true>(q) : fp8_codes<false>(q);
+}
+
+// The FP8 format of a block of code: fixed at compile time, or args.e5m2's, per value.
+enum class Fp8Format { kE4M3, kE5M2, kRuntime };
 
 // 8 codes of fmt(v[k] * s).
-template <typename V>
-__device__ __forceinline__ uint2 tensor_codes(bool e5m2, const V& v, float s) {
+template <Fp8Format kFmt, typename V>
+__device__ __forceinline__ uint2 tensor_codes(const V& v, float s, bool e5m2) {
   float q[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) q[k] = __fmul_rn(v[k], s);
-  return fp8_codes(e5m2, q);
+  if constexpr (kFmt == Fp8Format::kRuntime) {
+    return fp8_codes(e5m2, q);
+  } else {
+    return fp8_codes<kFmt == Fp8Format::kE5M2>(q);
+  }
 }
 
 // The byte permute prmt.b32 (sel's 4-bit selectors may replicate a byte's sign).

@@ -41,21 +41,45 @@ struct TensorEmitter {
   __device__ __forceinline__ static void begin_batch(const QuantizeArgs&, const SharedBuffers&,
                                                      uint32_t) {}
 
+  // The format is a branch per tile (warp-uniform), so each copy converts in one format: with the
+  // format chosen per value the compiler predicated both conversions and E5M2's NaN vote. Not in
+  // the gated backward, whose registers (128) spilled with two copies.
+  static constexpr bool kFormatCopies = !(kBwd && Spec::kGated);
   template <bool kWhole>
   __device__ __forceinline__ static void emit(const QuantizeArgs& args, const SharedBuffers& smem,
                                               const Lane& lane, const TilePosition& tile,
                                               float scale, const ValidCols& valid_cols,
                                               const TileY& v) {
+    auto& tcodes = *reinterpret_cast<uint8_t(*)[kOutHalves][kTileRows][kStride]>(smem.exchange);
+    if constexpr (!kFormatCopies) {
+      emit_codes<Fp8Format::kRuntime>(args, lane, tile, scale, valid_cols, v, tcodes);
+    } else if (args.e5m2) {
+      emit_codes<Fp8Format::kE5M2>(args, lane, tile, scale, valid_cols, v, tcodes);
+    } else {
+      emit_codes<Fp8Format::kE4M3>(args, lane, tile, scale, valid_cols, v, tcodes);
+    }
+    if (lane.colwise) {
+      __syncthreads();
+      store_transposed(args, lane, tile, tcodes);
+      __syncthreads();  // tcodes is rewritten by the next tile
+    }
+  }
+
+  // The rowwise codes to y, and to tcodes (row-major) for the colwise layout.
+  template <Fp8Format kFmt>
+  __device__ __forceinline__ static void emit_codes(
+      const QuantizeArgs& args, const Lane& lane, const TilePosition& tile, float scale,
+      const ValidCols& valid_cols, const TileY& v,
+      uint8_t (&tcodes)[kOutHalves][kTileRows][kStride]) {
     const bool rowwise = lane.rowwise, colwise = lane.colwise;
     const int tx = lane.tx, ty = lane.ty;
     const uint64_t H = lane.H, y_cols = lane.y_cols;
-    auto& tcodes = *reinterpret_cast<uint8_t(*)[kOutHalves][kTileRows][kStride]>(smem.exchange);
 #pragma unroll
     for (int l = 0; l < kOutHalves; ++l) {
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
         const int ri = ty * kRowsPerThread + i;
-        const uint2 c = tensor_codes(args.e5m2, v[i][l], scale);
+        const uint2 c = tensor_codes<kFmt>(v[i][l], scale, args.e5m2);
         if (rowwise && valid_cols[i] > 0) {
           store_codes8(args.data + tile.y_off + i * y_cols + l * H, c, tile.vec_out,
                        valid_cols[i]);
@@ -67,11 +91,6 @@ struct TensorEmitter {
           t[1] = c.y;
         }
       }
-    }
-    if (colwise) {
-      __syncthreads();
-      store_transposed(args, lane, tile, tcodes);
-      __syncthreads();  // tcodes is rewritten by the next tile
     }
   }
 
