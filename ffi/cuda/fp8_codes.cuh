@@ -12,6 +12,13 @@
 
 namespace te_jax::cuda {
 
+// Whether this compilation pass has the FP8 conversion instructions (sm_89+).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+inline constexpr bool kHardwareFp8 = true;
+#else
+inline constexpr bool kHardwareFp8 = false;
+#endif
+
 // Four FP8 codes of a..d (a in the low byte) by two hardware conversions and one pack (sm_89+).
 // The hardware's NaN is 0x7f in both formats.
 template <bool kE5m2>
@@ -58,15 +65,17 @@ __device__ __forceinline__ Pack<uint8_t, N> fp8_pack_as(const float (&q)[N], uns
       return p;
     }
 #endif
+    if constexpr (kE5m2 || !kHardwareFp8) {
 #pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
-      uint32_t c[2];
+      for (int j = 0; j < N / 4; ++j) {
+        uint32_t c[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float x = q[4 * j + 2 * h], y = q[4 * j + 2 * h + 1];
-        c[h] = kE5m2 ? fmt::to_e5m2x2(x, y) : fmt::to_e4m3x2(x, y);
+        for (int h = 0; h < 2; ++h) {
+          const float x = q[4 * j + 2 * h], y = q[4 * j + 2 * h + 1];
+          c[h] = kE5m2 ? fmt::to_e5m2x2(x, y) : fmt::to_e4m3x2(x, y);
+        }
+        p.w[j] = c[0] | (c[1] << 16);
       }
-      p.w[j] = c[0] | (c[1] << 16);
     }
   }
   return p;
