@@ -138,7 +138,10 @@ def fp8_block_scale(amax_b: jax.Array, q_max: float, options: BlockScaleOptions)
     """
     a = jnp.asarray(amax_b, jnp.float32)
     eps = np.float32(options.amax_epsilon)
-    a = jnp.where(a < eps, eps, a)  # NaN < eps is false: a NaN amax stays NaN
+    # max(a, eps) on the bit patterns (an amax is +0, positive or +NaN, which order as their
+    # bits, NaN above all): a float max reads a subnormal amax as 0 where denormals are zero.
+    a_bits, eps_bits = ieee.bits(a), np.uint32(eps.view(np.uint32))
+    a = ieee.from_bits(jnp.where(a_bits < eps_bits, eps_bits, a_bits))
     s = ieee.div(np.float32(q_max), a)  # a native division is not exact on every backend
     s = jnp.where(jnp.isinf(s), _F32_MAX, s)
     if options.power_2_scale:

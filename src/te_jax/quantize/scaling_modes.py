@@ -686,26 +686,57 @@ class _Float8BlockScaling(ScalingModeImpl):
         s = tuple(colwise_shape)  # features + leading -> leading + features
         return s[n_feature_axes:] + s[:n_feature_axes]
 
-    def _grid(self, x2, q_dtype, options):
-        """``[R, C]`` float32 -> ``(codes [R, C], scales per block)``: ``(R, ceil(C/128))``
-        (1D) or ``(ceil(R/128), ceil(C/128))`` (2D). The partial blocks are zero-padded, which
-        leaves their amax unchanged."""
+    def _blocks(self, x2):
+        """``[R, C]`` float32 zero-padded to whole blocks (which leaves every block's amax
+        unchanged) and split: ``(blocks, amax per block)``, ``(R, ceil(C/128), 128)`` and
+        ``(R, ceil(C/128))`` (1D) or ``(ceil(R/128), 128, ceil(C/128), 128)`` and
+        ``(ceil(R/128), ceil(C/128))`` (2D)."""
         b, (r, c) = self.block_size, x2.shape
-        rb = _ceil_div(r, b) * b if self.block_dims == 2 else r
-        cb = _ceil_div(c, b) * b
+        rb = _round_up(r, b) if self.block_dims == 2 else r
+        cb = _round_up(c, b)
         xp = _pad_to(_pad_to(x2, 0, rb), 1, cb)
         if self.block_dims == 1:
             blocks = xp.reshape(rb, cb // b, b)
-            amax_b = ieee.abs_max(blocks, axis=2)
-            scale = scale_math.fp8_block_scale(amax_b, formats.q_max(q_dtype), options)
-            scaled = ieee.mul(blocks, scale[:, :, None])
+            return blocks, ieee.abs_max(blocks, axis=2)
+        blocks = xp.reshape(rb // b, b, cb // b, b)
+        return blocks, ieee.abs_max(blocks, axis=(1, 3))
+
+    @staticmethod
+    def _scales(amaxes, q_dtype, options):
+        """``[(scale, scale_inv)]`` of each amax array, computed together (one exact division
+        for all of them: the pure-JAX path's cost is the number of its ops)."""
+        flat = jnp.concatenate([a.reshape(-1) for a in amaxes])
+        scale = scale_math.fp8_block_scale(flat, formats.q_max(q_dtype), options)
+        if options.power_2_scale:  # 1 / 2^k = 2^-k exactly (2^-127 subnormal)
+            k = (lax.bitcast_convert_type(scale, jnp.int32) >> 23) - 127
+            inv = ieee.ldexp(jnp.ones_like(scale), -k)
         else:
-            blocks = xp.reshape(rb // b, b, cb // b, b)
-            amax_b = ieee.abs_max(blocks, axis=(1, 3))
-            scale = scale_math.fp8_block_scale(amax_b, formats.q_max(q_dtype), options)
-            scaled = ieee.mul(blocks, scale[:, None, :, None])
-        codes = formats.saturating_cast(scaled, q_dtype).reshape(rb, cb)[:r, :c]
-        return codes, ieee.div(np.float32(1.0), scale)
+            inv = ieee.div(np.float32(1.0), scale)
+        out, start = [], 0
+        for a in amaxes:
+            part = slice(start, start + a.size)
+            out.append((scale[part].reshape(a.shape), inv[part].reshape(a.shape)))
+            start += a.size
+        return out
+
+    def _encode(self, blocks, scale, shape, q_dtype, options):
+        """The codes ``sat(RN(y · scale))`` of ``blocks`` cut back to ``shape``: a power-of-two
+        scale as an exponent shift (the same codes: a product below 2^-126 encodes to a signed
+        zero either way)."""
+        expand = (
+            (slice(None), slice(None), None)
+            if self.block_dims == 1
+            else (slice(None), None, slice(None), None)
+        )
+        if options.power_2_scale:
+            k = (lax.bitcast_convert_type(scale, jnp.int32) >> 23) - 127
+            scaled = ieee.ldexp(blocks, k[expand])
+            # ldexp passes a NaN through with its sign; a NaN product is +NaN (as ieee.mul's)
+            scaled = jnp.where(jnp.isnan(scaled), jnp.float32(jnp.nan), scaled)
+        else:
+            scaled = ieee.mul(blocks, scale[expand])
+        flat = scaled.reshape(-1, blocks.shape[-2] * blocks.shape[-1])
+        return formats.saturating_cast(flat, q_dtype)[: shape[0], : shape[1]]
 
     def _stored(self, scale_inv, r: int, c: int):
         """The per-block ``scale_inv`` of a copy ``[r, c]`` in its stored layout (class doc)."""
@@ -720,24 +751,34 @@ class _Float8BlockScaling(ScalingModeImpl):
         feat = y32.shape[y32.ndim - n_feature_axes :]
         m, n = math.prod(lead), math.prod(feat)
         y2 = y32.reshape(m, n)
-        fields = {}
         if self.block_dims == 2:  # one grid: the colwise copy is the transpose, scales too
-            codes, grid = self._grid(y2, q_dtype, options)
+            blocks, amax_b = self._blocks(y2)
+            [(s, inv)] = self._scales([amax_b], q_dtype, options)
+            codes = self._encode(blocks, s, (m, n), q_dtype, options)
+            fields = {}
             if layout.has_rowwise:
                 fields["data"] = codes.reshape(y32.shape)
-                fields["scale_inv"] = self._stored(grid, m, n)
+                fields["scale_inv"] = self._stored(inv, m, n)
             if layout.has_colwise:
                 fields["colwise_data"] = codes.T.reshape(feat + lead)
-                fields["colwise_scale_inv"] = self._stored(grid.T, n, m)
+                fields["colwise_scale_inv"] = self._stored(inv.T, n, m)
             return fields
-        # 1D: each copy from the high-precision values, blocks along its own rows.
+        # 1D: each copy from the high-precision values, blocks along its own rows: the
+        # rowwise copy [M, N], the colwise one [N, M].
+        copies = []
         if layout.has_rowwise:
-            codes, s = self._grid(y2, q_dtype, options)
-            fields["data"], fields["scale_inv"] = codes.reshape(y32.shape), self._stored(s, m, n)
+            copies.append(("data", "scale_inv", y2, y32.shape))
         if layout.has_colwise:
-            codes, s = self._grid(y2.T, q_dtype, options)
-            fields["colwise_data"] = codes.reshape(feat + lead)
-            fields["colwise_scale_inv"] = self._stored(s, n, m)
+            copies.append(("colwise_data", "colwise_scale_inv", y2.T, feat + lead))
+        split = [self._blocks(x) for _, _, x, _ in copies]
+        scales = self._scales([a for _, a in split], q_dtype, options)
+        fields = {}
+        for (data, sinv, x, shape), (blocks, _), (s, inv) in zip(
+            copies, split, scales, strict=True
+        ):
+            codes = self._encode(blocks, s, x.shape, q_dtype, options)
+            fields[data] = codes.reshape(shape)
+            fields[sinv] = self._stored(inv, *x.shape)
         return fields
 
     def dequantize(self, v, s, global_scale_inv, colwise, n_feature_axes):
