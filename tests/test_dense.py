@@ -31,7 +31,13 @@ from te_jax.quantize import (
     MXFP8Quantizer,
     QuantizeLayout,
 )
-from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
+from te_jax.recipe import (
+    CurrentScaling,
+    DelayedScaling,
+    Float8BlockScaling,
+    MXFP8BlockScaling,
+    QuantizerSet,
+)
 from test_activation import CLAMPED, CUSTOM
 
 # Where te_jax's CUDA GEMM runs, the oracle takes its measured rounding (dense_oracle.KERNEL_GEMM).
@@ -634,6 +640,7 @@ EXACT_RECIPES = {
     "current": CurrentScaling(),
     "mxfp8": MXFP8BlockScaling(),
     "mxfp8-hybrid": MXFP8BlockScaling(fp8_format="HYBRID"),
+    "blockwise": Float8BlockScaling(),
 }
 
 
@@ -654,6 +661,8 @@ def _exact_cases():
       kernel (its scale taken from float32);
     - mxfp8: every configuration (the float32 kernel takes the dequantized path there);
     - mxfp8-hybrid (only the gradient's dtype differs): ReLU, where dh goes through it;
+    - blockwise (x and grad in 1×128 blocks, the kernel in 128×128 tiles, power-of-two scales:
+      dequantized exactly): ReLU and the float32 kernel, aligned and not (partial blocks);
     - K, N not multiples of 16 (MXFP8 needs multiples of 32: tensor scaling only; one recipe,
       since the fallback GEMM is the same for both and the aligned cases check each one's
       scale): ReLU and the float32 kernel."""
@@ -662,6 +671,7 @@ def _exact_cases():
         "current": ["gemm-f32", "gemm-bf16-f32kernel"],
         "mxfp8": list(EXACT_CONFIGS),
         "mxfp8-hybrid": ["relu-bf16"],
+        "blockwise": ["relu-bf16"],
     }
     for name, configs in pick.items():
         for c in configs:
@@ -670,6 +680,9 @@ def _exact_cases():
     for c in ["relu-bf16", "gemm-bf16-f32kernel"]:
         impls = IMPLS if ("delayed-7x33", c) in WITH_XLA else (None,)
         yield pytest.param("delayed", *EXACT_CONFIGS[c], *MISALIGNED, impls, id=f"delayed-7x33-{c}")
+    c = "gemm-bf16-f32kernel"
+    blockwise = EXACT_CONFIGS[c], MISALIGNED
+    yield pytest.param("blockwise", *blockwise[0], *blockwise[1], (None,), id=f"blockwise-7x33-{c}")
 
 
 # The pure-JAX path too (its program costs more than the default's) where tensor and block

@@ -20,7 +20,13 @@ import te_jax
 from helpers import ACT_BY_ALIAS, ACTS, SOME_ACTS, Act
 from te_jax import fused_mlp
 from te_jax.primitives.gemm import GemmEpilogue
-from te_jax.recipe import CurrentScaling, DelayedScaling, MXFP8BlockScaling, QuantizerSet
+from te_jax.recipe import (
+    CurrentScaling,
+    DelayedScaling,
+    Float8BlockScaling,
+    MXFP8BlockScaling,
+    QuantizerSet,
+)
 from test_dense import make_operands, names
 
 RECIPES = {
@@ -28,6 +34,7 @@ RECIPES = {
     "delayed": DelayedScaling(),
     "current": CurrentScaling(),
     "mxfp8": MXFP8BlockScaling(),
+    "blockwise": Float8BlockScaling(),
 }
 H, INTER = 32, 64  # multiples of 16 (FP8 GEMMs) and 32 (MXFP8 blocks)
 
@@ -102,6 +109,7 @@ EQUALS_ACTS = {
     "delayed": SOME_ACTS[:2],
     "current": SOME_ACTS[:2],
     "mxfp8": SOME_ACTS[:2],
+    "blockwise": SOME_ACTS[1:2],  # gated: the (K, 2, N) kernel's 128x128 tiles span both halves
 }
 
 

@@ -12,6 +12,8 @@ import te_jax
 from te_jax.quantize import (
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
+    Float8Block1DQuantizer,
+    Float8Block2DQuantizer,
     MXFP8Quantizer,
     QuantizeLayout,
     ScalingMode,
@@ -20,9 +22,11 @@ from te_jax.recipe import (
     FP8_FORMATS,
     CurrentScaling,
     DelayedScaling,
+    Float8BlockScaling,
     Float8CurrentScaling,
     Format,
     MXFP8BlockScaling,
+    QParams,
     QuantizerSet,
     Recipe,
 )
@@ -299,3 +303,53 @@ def test_gemm_accumulation(recipe_cls):
         recipe_cls(fp8_gemm_dgrad=True)
     with pytest.raises(TypeError, match="split_accumulator must be three bools"):
         QuantizerSet(split_accumulator=(True, False))
+
+
+def test_float8_block_scaling():
+    """TransformerEngine's Float8BlockScaling: its field names and defaults (E4M3, power-of-two
+    scales, no epsilon, x / w / grad in 1 / 2 / 1 dimensional blocks, split accumulation), the
+    quantizer each role gets, and no state (an empty cotangent)."""
+    r = Float8BlockScaling()
+    assert (r.fp8_format, r.x_block_scaling_dim, r.w_block_scaling_dim) == ("E4M3", 1, 2)
+    assert r.grad_block_scaling_dim == 1 and r.split_accumulator == (True, True, True)
+    for p in (r.fp8_quant_fwd_inp, r.fp8_quant_fwd_weight, r.fp8_quant_bwd_grad):
+        assert p == QParams(power_2_scale=True, amax_epsilon=0.0)
+    qs = QuantizerSet.create(r)
+    assert [type(getattr(qs, role)) for role in ROLES] == [
+        Float8Block1DQuantizer,
+        Float8Block2DQuantizer,
+        Float8Block1DQuantizer,
+    ]
+    assert qs.scaling_mode == ScalingMode.FP8_BLOCK_1D_SCALING and not qs.has_state
+    r = Float8BlockScaling(
+        fp8_format="HYBRID",
+        fp8_quant_bwd_grad=QParams(amax_epsilon=1e-6),
+        x_block_scaling_dim=2,
+        w_block_scaling_dim=1,
+    )
+    g, x = r.make_quantizer("grad"), r.make_quantizer("x")
+    assert (g.q_dtype, g.power_2_scale, g.amax_epsilon) == (E5M2, False, 1e-6)
+    assert type(x) is Float8Block2DQuantizer and x.q_dtype == E4M3
+    assert jax.tree.leaves(jax.jit(lambda q: q)(QuantizerSet.create(r))) == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "match"),
+    [
+        ({"w_block_scaling_dim": 3}, ValueError, "w_block_scaling_dim must be 1 or 2, got 3"),
+        ({"grad_block_scaling_dim": 2}, ValueError, "the dgrad GEMM would multiply two"),
+        ({"x_block_scaling_dim": 2}, ValueError, "the fprop GEMM would multiply two"),
+        (
+            {"fp8_gemm_wgrad": te_jax.recipe.MMParams(False)},
+            ValueError,
+            r"fp8_gemm_wgrad=MMParams\(use_split_accumulator=False\): block scaling needs",
+        ),
+        ({"fp8_quant_fwd_inp": 1.0}, TypeError, "fp8_quant_fwd_inp must be te_jax.recipe.QParams"),
+        ({"fp8_format": "E5M2"}, ValueError, "fp8_format must be one of"),
+    ],
+)
+def test_float8_block_scaling_errors(kw, error, match):
+    with pytest.raises(error, match=match):
+        Float8BlockScaling(**kw)
+    with pytest.raises(ValueError, match="QParams: amax_epsilon must be a finite float >= 0"):
+        QParams(amax_epsilon=-1.0)

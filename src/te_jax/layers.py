@@ -82,7 +82,7 @@ def check_recipe(where: str, recipe) -> Recipe | None:
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(
             f"{where}: recipe must be te_jax.recipe.DelayedScaling(), CurrentScaling(), "
-            f"MXFP8BlockScaling() or None, got {type(recipe).__name__}"
+            f"MXFP8BlockScaling(), Float8BlockScaling() or None, got {type(recipe).__name__}"
         )
     return recipe
 

@@ -9,6 +9,11 @@ A recipe says how the three tensors of a dense layer are quantized for its GEMMs
 | ``DelayedScaling``    | DELAYED_TENSOR_SCALING | E4M3      | E5M2           | E4M3         |
 | ``CurrentScaling``    | CURRENT_TENSOR_SCALING | E4M3      | E5M2           | E4M3         |
 | ``MXFP8BlockScaling`` | MXFP8_1D_SCALING       | E4M3      | E5M2           | E4M3         |
+| ``Float8BlockScaling``| FP8_BLOCK_1D / _2D_SCALING | E4M3  | E5M2           | E4M3         |
+
+``Float8BlockScaling`` quantizes each tensor with the block dimensionality its
+``*_block_scaling_dim`` gives (by default x and the gradient in 1×128 blocks, the kernel in
+128×128 tiles), so its three quantizers have different scaling modes.
 
 ``fp8_format`` is a string or a ``Format`` member (TransformerEngine's enum: ``Format.HYBRID``,
 ``Format.E4M3``; ``Format.E5M2``, E5M2 for every tensor, has no te_jax recipe).
@@ -67,9 +72,12 @@ from te_jax.quantize.quantizers import (
     AMAX_COMPUTE_ALGOS,
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
+    Float8Block1DQuantizer,
+    Float8Block2DQuantizer,
     MXFP8Quantizer,
     Quantizer,
 )
+from te_jax.quantize.scale_math import BlockScaleOptions
 
 __all__ = [
     "FP8_FORMATS",
@@ -80,6 +88,8 @@ __all__ = [
     "CurrentScaling",
     "Float8CurrentScaling",
     "MXFP8BlockScaling",
+    "QParams",
+    "Float8BlockScaling",
     "QuantizerSet",
     "autocast",
     "autocast_recipe",
@@ -339,6 +349,123 @@ class MXFP8BlockScaling(Recipe):
         return MXFP8Quantizer(dtype)
 
 
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """How one tensor's block scales are chosen under ``Float8BlockScaling`` (TransformerEngine's
+    name and fields).
+
+    Args:
+      power_2_scale: round each block's scale ``Q / amax`` down to a power of two.
+      amax_epsilon: a floor on each block's amax (float, >= 0).
+
+    Example:
+      >>> from te_jax.recipe import Float8BlockScaling, QParams
+      >>> r = Float8BlockScaling(fp8_quant_fwd_weight=QParams(power_2_scale=False))
+      >>> r.make_quantizer("kernel").power_2_scale, r.make_quantizer("x").power_2_scale
+      (False, True)
+    """
+
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+
+    def __post_init__(self):
+        try:
+            BlockScaleOptions(self.power_2_scale, self.amax_epsilon)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"te_jax.recipe.QParams: {e}") from None
+
+
+# TransformerEngine's defaults: power-of-two scales (its NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1
+# turns them off; here, pass QParams(power_2_scale=False)).
+_BLOCK_QPARAMS = QParams(power_2_scale=True, amax_epsilon=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Float8BlockScaling(Recipe):
+    """Blockwise FP8 (DeepSeek-V3's recipe; TransformerEngine's ``Float8BlockScaling``,
+    docs/numerics.md §4): one float32 scale per block of each GEMM operand, 1×128 blocks for the
+    activations and gradients and 128×128 tiles for the weights by default, E4M3 throughout.
+
+    Each block's ``scale = Q / max(amax_b, amax_epsilon)`` (a power of two by default), the
+    data ``q = sat(y · scale)``; the copies the backward GEMMs read are quantized from the
+    high-precision tensor (1D blocks run along each GEMM's contracting dimension). Any shape:
+    blocks at the edges are partial. No state. te_jax's GEMM multiplies the dequantized
+    operands (``gemm_operands = "dequantized"``) until its cuBLASLt block-scaled GEMM exists.
+
+    Args:
+      fp8_format: ``"E4M3"`` (the default) or ``"HYBRID"`` (E5M2 gradient).
+      fp8_quant_fwd_inp, fp8_quant_fwd_weight, fp8_quant_bwd_grad: ``QParams`` of x, the
+        kernel and the gradient (default: power-of-two scales, no epsilon).
+      x_block_scaling_dim, w_block_scaling_dim, grad_block_scaling_dim: 1 (1×128 blocks) or 2
+        (128×128 tiles); defaults 1, 2, 1. No GEMM may take two 2D operands.
+      fp8_gemm_fprop, fp8_gemm_dgrad, fp8_gemm_wgrad: ``MMParams``; block scaling needs the
+        split accumulator (``use_split_accumulator=True``), as in TransformerEngine.
+
+    Example:
+      >>> import jax.numpy as jnp, te_jax
+      >>> qs = te_jax.QuantizerSet.create(te_jax.recipe.Float8BlockScaling())
+      >>> [q.scaling_mode.name for q in (qs.x, qs.kernel, qs.grad)]
+      ['FP8_BLOCK_1D_SCALING', 'FP8_BLOCK_2D_SCALING', 'FP8_BLOCK_1D_SCALING']
+      >>> x, w = jnp.ones((4, 256), jnp.bfloat16), jnp.full((256, 130), 0.5, jnp.bfloat16)
+      >>> y = te_jax.dense(x, w, quantizer_set=qs)          # any sizes: partial blocks
+      >>> y.shape, float(y[0, 0])
+      ((4, 130), 128.0)
+    """
+
+    fp8_format: str = "E4M3"
+    fp8_quant_fwd_inp: QParams = _BLOCK_QPARAMS
+    fp8_quant_fwd_weight: QParams = _BLOCK_QPARAMS
+    fp8_quant_bwd_grad: QParams = _BLOCK_QPARAMS
+    x_block_scaling_dim: int = 1
+    w_block_scaling_dim: int = 2
+    grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
+
+    def __post_init__(self):
+        where = "te_jax.recipe.Float8BlockScaling"
+        object.__setattr__(self, "fp8_format", _check_format("Float8BlockScaling", self.fp8_format))
+        _check_mm_params("Float8BlockScaling", self)
+        for name in ("fp8_quant_fwd_inp", "fp8_quant_fwd_weight", "fp8_quant_bwd_grad"):
+            if not isinstance(getattr(self, name), QParams):
+                raise TypeError(
+                    f"{where}: {name} must be te_jax.recipe.QParams(power_2_scale=..., "
+                    f"amax_epsilon=...), got {getattr(self, name)!r}"
+                )
+        dims = {r: getattr(self, f"{r}_block_scaling_dim") for r in ("x", "w", "grad")}
+        for r, d in dims.items():
+            if isinstance(d, bool) or d not in (1, 2):
+                raise ValueError(f"{where}: {r}_block_scaling_dim must be 1 or 2, got {d!r}")
+        for a, b, gemm in (("x", "w", "fprop"), ("grad", "w", "dgrad"), ("x", "grad", "wgrad")):
+            if dims[a] == dims[b] == 2:
+                raise ValueError(
+                    f"{where}: the {gemm} GEMM would multiply two 128x128-tiled operands "
+                    f"({a}_block_scaling_dim=2 and {b}_block_scaling_dim=2), which cuBLASLt's "
+                    "block-scaled GEMM does not take: set one of them to 1"
+                )
+        for g in ("fprop", "dgrad", "wgrad"):
+            if not getattr(self, f"fp8_gemm_{g}").use_split_accumulator:
+                raise ValueError(
+                    f"{where}: fp8_gemm_{g}=MMParams(use_split_accumulator=False): block "
+                    "scaling needs the split accumulator (each block's scale multiplies its "
+                    "partial sum in float32): use MMParams(use_split_accumulator=True)"
+                )
+
+    def make_quantizer(self, role: str) -> Quantizer:
+        dtype = self.grad_dtype if role == "grad" else self.forward_dtype
+        key = {"x": "x", "kernel": "w", "grad": "grad"}[role]
+        params = {
+            "x": self.fp8_quant_fwd_inp,
+            "kernel": self.fp8_quant_fwd_weight,
+            "grad": self.fp8_quant_bwd_grad,
+        }[role]
+        cls = {1: Float8Block1DQuantizer, 2: Float8Block2DQuantizer}[
+            getattr(self, f"{key}_block_scaling_dim")
+        ]
+        return cls(dtype, power_2_scale=params.power_2_scale, amax_epsilon=params.amax_epsilon)
+
+
 # The recipe of the innermost active ``autocast`` (None: none, or ``enabled=False``).
 _AUTOCAST: contextvars.ContextVar[Recipe | None] = contextvars.ContextVar(
     "te_jax_autocast", default=None
@@ -368,7 +495,8 @@ def autocast(enabled: bool = True, recipe: Recipe | None = None):
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(
             "te_jax.recipe.autocast: recipe must be a te_jax.recipe recipe (DelayedScaling(), "
-            f"CurrentScaling(), MXFP8BlockScaling()) or None, got {type(recipe).__name__}"
+            "CurrentScaling(), MXFP8BlockScaling(), Float8BlockScaling()) or None, got "
+            f"{type(recipe).__name__}"
         )
     value = (recipe if recipe is not None else DelayedScaling()) if enabled else None
     token = _AUTOCAST.set(value)
@@ -458,7 +586,8 @@ class QuantizerSet:
         if not isinstance(recipe, Recipe):
             raise TypeError(
                 "te_jax.QuantizerSet.create: recipe must be te_jax.recipe.DelayedScaling, "
-                f"CurrentScaling, MXFP8BlockScaling or None, got {type(recipe).__name__}"
+                "CurrentScaling, MXFP8BlockScaling, Float8BlockScaling or None, got "
+                f"{type(recipe).__name__}"
             )
         return cls(
             **{r: recipe.make_quantizer(r) for r in _ROLES},
@@ -472,7 +601,8 @@ class QuantizerSet:
 
     @property
     def scaling_mode(self):
-        """The scaling mode of the set's quantizers (``None`` for the empty set)."""
+        """The scaling mode of the set's x quantizer (``None`` for the empty set); under
+        ``Float8BlockScaling`` the kernel's may differ (its own ``scaling_mode``)."""
         return None if self.x is None else self.x.scaling_mode
 
     def state(self) -> dict[str, jax.Array]:

@@ -163,11 +163,11 @@ def prepare(
         if mode.impl.gemm_operands is None:
             raise ValueError(
                 f"{where}: {mode.name} GEMMs are not supported (recipes: DelayedScaling, "
-                "CurrentScaling, MXFP8BlockScaling)"
+                "CurrentScaling, MXFP8BlockScaling, Float8BlockScaling)"
             )
     if quantized_x:
         _check_quantized_x(where, x, qs, n_c, contracting_dims)
-    if qs is not None and qs.scaling_mode.block_size is not None:
+    if qs is not None and qs.scaling_mode.block_size and not qs.scaling_mode.impl.partial_blocks:
         kernel = _check_block_shapes(where, qs.scaling_mode, x, x_shape, k_shape, n_c, act, kernel)
     if dtype == jnp.float64 and qs is not None:
         raise TypeError(f"{where}: FP8 recipes take float32/bfloat16/float16 x, got float64")

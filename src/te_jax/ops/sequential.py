@@ -77,7 +77,8 @@ class Sequential(nnx.Module):
         if recipe is not None and not isinstance(recipe, Recipe):
             raise TypeError(
                 f"{_WHERE}: recipe must be a te_jax.recipe recipe (DelayedScaling(), "
-                f"CurrentScaling(), MXFP8BlockScaling()) or None, got {type(recipe).__name__}"
+                "CurrentScaling(), MXFP8BlockScaling(), Float8BlockScaling()) or None, got "
+                f"{type(recipe).__name__}"
             )
         if recipe is None and any(op.uses_recipe for op in ops):
             recipe = autocast_recipe()  # te_jax.autocast's, where one is active
