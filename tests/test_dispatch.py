@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import te_jax
 from te_jax import _ffi
 from te_jax.dispatch import Path, decide, deterministic_gemm, use_ffi
+from te_jax.primitives.base import eager_backend
 
 
 def test_kernels_enabled_answers_for_the_default_backend(monkeypatch):
@@ -112,3 +114,18 @@ def test_deterministic_gemm_rejects_other_values(monkeypatch):
     monkeypatch.setenv("TE_JAX_DETERMINISTIC", "yes")
     with pytest.raises(ValueError, match="TE_JAX_DETERMINISTIC must be 0 or 1, got 'yes'"):
         deterministic_gemm()
+
+
+def test_eager_calls_run_where_jax_places_them():
+    """An un-jitted op runs on the device JAX places it on: under jax.default_device(cpu) on a
+    GPU machine, the CPU (whose GEMM is pure JAX), not the default backend's kernel."""
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        assert eager_backend([]) == "cpu"
+        x = jnp.arange(32, dtype=jnp.float32).reshape(4, 8)
+        w = jnp.ones((8, 16), jnp.float32)
+        out = te_jax.gemm(x, w)
+    assert out.devices() == {cpu}
+    want = np.broadcast_to(np.asarray(x).sum(1, keepdims=True), (4, 16))
+    np.testing.assert_array_equal(out, want)
+    assert eager_backend([jax.device_put(np.ones(2), cpu)]) == "cpu"  # a committed operand's

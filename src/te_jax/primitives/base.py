@@ -97,7 +97,7 @@ def register_outer_rules(
     backends = _backend_names(kernel_platforms)
 
     def eager(*operands, **params):
-        fn = local if jax.default_backend() in backends else reference
+        fn = local if eager_backend(operands) in backends else reference
         return fn(*operands, **params)
 
     outer.def_impl(eager)
@@ -117,6 +117,20 @@ def _requires_devices_during_lowering(p: Primitive) -> None:
     from jax._src import dispatch  # noqa: PLC0415 -- private, isolated here
 
     dispatch.prim_requires_devices_during_lowering.add(p)
+
+
+def eager_backend(operands: Iterable) -> str:
+    """JAX's name of the backend an eager (un-jitted) call runs on: that of a committed operand's
+    device, else of ``jax.default_device``'s, else ``jax.default_backend()``. Under
+    ``jax.default_device(cpu)`` on a GPU machine the call runs on the CPU although the default
+    backend is the GPU's."""
+    for x in operands:
+        if isinstance(x, jax.Array) and x.committed:
+            return next(iter(x.devices())).platform
+    device = jax.config.jax_default_device
+    if device is not None:
+        return device if isinstance(device, str) else device.platform
+    return jax.default_backend()
 
 
 def _backend_names(platforms: Iterable[str]) -> frozenset[str]:
