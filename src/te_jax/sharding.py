@@ -56,6 +56,7 @@ __all__ = [
     "LOGICAL_AXES",
     "MeshResource",
     "logical_constraint",
+    "logical_shard_counts",
     "placed_initializer",
     "check_explicit_mesh",
     "check_logical_axes",
@@ -217,6 +218,46 @@ def logical_constraint(x, axes):
 
     mesh = _legacy_mesh() if jax.sharding.get_abstract_mesh().empty else None
     return nn.with_logical_constraint(x, axes, mesh=mesh)
+
+
+def logical_shard_counts(axes) -> tuple[int, ...]:
+    """How many shards each axis of an array named ``axes`` is split into under the active Flax
+    logical axis rules and mesh (``jax.set_mesh``'s, or an enclosing ``with mesh:`` block's):
+    the product of the sizes of the mesh axes its name maps to; 1 for a ``None`` name and
+    without rules or a mesh.
+
+    Args:
+      axes: one logical axis name (or ``None``) per axis, e.g. ``("embed", "mlp")``.
+
+    Example:
+      >>> import jax, flax.linen as nn
+      >>> from te_jax.sharding import MeshResource, logical_shard_counts
+      >>> logical_shard_counts(("batch", "embed"))               # no rules, no mesh
+      (1, 1)
+      >>> mesh = jax.make_mesh((1, 1), ("data", "tensor"),
+      ...                      axis_types=(jax.sharding.AxisType.Auto,) * 2)
+      >>> rules = MeshResource(dp_resource="data", tp_resource="tensor").logical_axis_rules()
+      >>> with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      ...     logical_shard_counts(("batch", None, "mlp"))
+      (1, 1, 1)
+    """
+    import flax.linen as nn  # noqa: PLC0415 -- Flax only where a model names its axes
+
+    axes = tuple(axes)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        mesh = _legacy_mesh()
+    if mesh is None or mesh.empty or not nn.get_logical_axis_rules():
+        return (1,) * len(axes)
+    sizes = dict(mesh.shape)
+    counts = []
+    for entry in nn.logical_to_mesh_axes(axes):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        n = 1
+        for name in names:
+            n *= sizes.get(name, 1)
+        counts.append(n)
+    return tuple(counts)
 
 
 def placed_initializer(init, axes):

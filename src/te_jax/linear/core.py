@@ -34,7 +34,13 @@ from te_jax.quantize.quantize_layout import QuantizeLayout
 from te_jax.quantize.quantizers import DelayedScaleQuantizer
 from te_jax.quantize.scaled_tensor import ScaledTensor, cotangent_from_gradient
 from te_jax.recipe import QuantizerSet
-from te_jax.sharding import check_explicit_mesh, check_logical_axes, logical_constraint
+from te_jax.sharding import (
+    BATCH,
+    check_explicit_mesh,
+    check_logical_axes,
+    logical_constraint,
+    logical_shard_counts,
+)
 
 __all__ = [
     "EPILOGUE_ACTIVATIONS",
@@ -169,6 +175,8 @@ def prepare(
         _check_quantized_x(where, x, qs, n_c, contracting_dims)
     if qs is not None and qs.scaling_mode.block_size and not qs.scaling_mode.impl.partial_blocks:
         kernel = _check_block_shapes(where, qs.scaling_mode, x, x_shape, k_shape, n_c, act, kernel)
+    if qs is not None and any(getattr(qs, r).scaling_mode.impl.partial_blocks for r in _ROLES):
+        _check_block_shards(where, qs, x_shape, k_shape, n_c, kernel_axes)
     if dtype == jnp.float64 and qs is not None:
         raise TypeError(f"{where}: FP8 recipes take float32/bfloat16/float16 x, got float64")
     # Unquantized, the kernel is cast to x's dtype; under a recipe it is quantized from its own
@@ -288,6 +296,46 @@ def _check_block_shapes(where, mode, x, x_shape, k_shape, n_c, act, kernel):
         "DelayedScaling() / CurrentScaling(), which take any size (the forward alone runs)"
     )
     return _raise_if_differentiated(kernel, x if isinstance(x, jax.Array) else None, message)
+
+
+_ROLES = ("x", "kernel", "grad")
+
+
+def _check_block_shards(where, qs, x_shape, k_shape, n_c, kernel_axes):
+    """Blockwise FP8 under the active logical axis rules and mesh: no block may straddle two
+    shards. The kernel is blocked along K and N (1×128 blocks one way or the other, or 128×128
+    tiles); x and the gradient down the rows (the wgrad GEMM's 1D blocks), split as the
+    ``batch`` logical axis. Each split axis must leave every shard a run of whole blocks: its
+    shard extent times the extents of the axes inside it in the flattened dimension a multiple
+    of the block. ``ValueError`` naming the axis and the fix otherwise (trace time)."""
+    block = qs.x.scaling_mode.block_size
+    fix = (
+        f"use sizes whose shards are multiples of {block}, split that axis over fewer devices, "
+        "or train this layer with DelayedScaling() / CurrentScaling(), which take any split"
+    )
+    lead = x_shape[: len(x_shape) - n_c]
+    groups = []  # (what, shape of the flattened dimension, logical names)
+    if kernel_axes is not None:
+        groups.append(("the kernel's contracting axes", k_shape[:n_c], kernel_axes[:n_c], 0))
+        groups.append(("the kernel's output axes", k_shape[n_c:], kernel_axes[n_c:], n_c))
+    if lead:
+        groups.append(("x's rows", lead, (BATCH,) + (None,) * (len(lead) - 1), 0))
+    for what, shape, names, offset in groups:
+        counts = logical_shard_counts(names)
+        for i, (size, n, name) in enumerate(zip(shape, counts, names, strict=True)):
+            if n == 1:
+                continue
+            run = size // n * math.prod(shape[i + 1 :])
+            if size % n or run % block:
+                array = "kernel" if what.startswith("the kernel") else "x"
+                raise ValueError(
+                    f"{where}: {qs.x.scaling_mode.name} (Float8BlockScaling) quantizes in blocks "
+                    f"of {block}, which must not straddle two shards: {what} ({array} axis "
+                    f"{offset + i}, logical {name!r}, size {size}, of shape {tuple(shape)}) are "
+                    f"split {n} ways by the mesh, leaving runs of {size / n:g} x "
+                    f"{math.prod(shape[i + 1 :])} = {size * math.prod(shape[i + 1 :]) / n:g} "
+                    f"elements per shard, not a multiple of {block}; {fix}"
+                )
 
 
 def _raise_if_differentiated(kernel, x, message: str):
