@@ -28,10 +28,14 @@ te:dot+bias              ``dense(x, w, b)``                                     
 te:gelu                  ``dense(x, w, b, "gelu")``                                    xla:gelu
 te:gelu_fp8_delayed      the same, ``QuantizerSet.create(DelayedScaling())``           xla:gelu
 te:gelu_fp8_current      the same, ``CurrentScaling()``                                xla:gelu
+te:dot_fp8_blockwise     ``matmul(xq, wq)`` (``te_jax.linear.matmul``): x and w        xla:dot
+                         quantized beforehand (1×128 and 128×128 blocks,
+                         ``Float8BlockScaling``'s), the GEMM alone
 xla:gelu_vjp             ``jax.vjp`` of xla:gelu (x, w, b) → ``y, (dx, dw, db)``       --
 te:gelu_vjp              ``jax.vjp`` of te:gelu (x, w, b)                              xla:gelu_vjp
 te:gelu_vjp_fp8_delayed  ``jax.vjp`` of te:gelu_fp8_delayed (x, w, b, quantizer set)   xla:gelu_vjp
 te:gelu_vjp_fp8_current  ``jax.vjp`` of te:gelu_fp8_current (x, w, b, quantizer set)   xla:gelu_vjp
+te:gelu_vjp_fp8_block    the same with ``Float8BlockScaling()``                        xla:gelu_vjp
 =======================  ============================================================  ============
 
 The XLA FP8 rows take operands quantized beforehand (not timed) with power-of-two scales; the
@@ -102,7 +106,7 @@ class Row:
     name: str
     impl: str  # "xla" or "te_jax"
     pass_: str  # "fwd" or "fwd+bwd"
-    precision: str  # "bf16", "fp8", "fp8 delayed", "fp8 current"
+    precision: str  # "bf16", "fp8", "fp8 delayed", "fp8 current", "fp8 blockwise"
     computes: str
     baseline: str | None
     ref: str | None  # the row whose output (on input set 0) this row is compared with
@@ -182,6 +186,16 @@ ROWS = (
         1,
     ),
     Row(
+        "te:dot_fp8_blockwise",
+        "te_jax",
+        "fwd",
+        "fp8 blockwise",
+        "matmul(xq, wq), blocks 1x128 / 128x128, quantized beforehand",
+        "xla:dot",
+        "xla:dot",
+        1,
+    ),
+    Row(
         "xla:gelu_vjp", "xla", "fwd+bwd", "bf16", "jax.vjp(xla:gelu) -> y, (dx, dw, db)", None, None
     ),
     Row(
@@ -214,6 +228,16 @@ ROWS = (
         "xla:gelu_vjp",
         3,
     ),
+    Row(
+        "te:gelu_vjp_fp8_block",
+        "te_jax",
+        "fwd+bwd",
+        "fp8 blockwise",
+        "jax.vjp(te:gelu, Float8BlockScaling) -> y, (dx, dw, db)",
+        "xla:gelu_vjp",
+        "xla:gelu_vjp",
+        3,
+    ),
 )
 ROW_BY_NAME = {r.name: r for r in ROWS}
 
@@ -227,7 +251,11 @@ def _function(row: Row, te_jax, impl: str | None) -> Callable:
     def te_gelu(x, w, b, qs=None):
         return te_jax.dense(x, w, b, "gelu", quantizer_set=qs, implementation=impl)
 
-    qs_key = {"fp8 delayed": "qs_delayed", "fp8 current": "qs_current"}.get(row.precision)
+    qs_key = {
+        "fp8 delayed": "qs_delayed",
+        "fp8 current": "qs_current",
+        "fp8 blockwise": "qs_blockwise",
+    }.get(row.precision)
     n = row.name
     if n == "xla:dot":
         return lambda i: i["x"] @ i["w"]
@@ -268,7 +296,11 @@ def _function(row: Row, te_jax, impl: str | None) -> Callable:
             return y, pull(i["dy"])
 
         return f
-    if n in ("te:gelu_vjp_fp8_delayed", "te:gelu_vjp_fp8_current"):
+    if n == "te:dot_fp8_blockwise":
+        from te_jax.linear.matmul import matmul  # the GEMM of two ScaledTensors
+
+        return lambda i: matmul(i["xq_block"], i["wq_block"], implementation=impl).out
+    if n in ("te:gelu_vjp_fp8_delayed", "te:gelu_vjp_fp8_current", "te:gelu_vjp_fp8_block"):
 
         def f(i):
             y, pull = jax.vjp(te_gelu, i["x"], i["w"], i["b"], i[qs_key])
@@ -307,6 +339,18 @@ def _fp8_operands(x, w):
     return {"xq": xq, "wq": wq, "wq_t": wq.T, "sx_inv": sx_inv, "sw_inv": sw_inv}
 
 
+def _block_operands(te_jax, x, w):
+    """x (1×128 blocks, rowwise: the GEMM contracts its last axis) and w (128×128 blocks; its
+    colwise copy, the transpose, is the one a GEMM contracting w's first axis reads), quantized
+    as Float8BlockScaling's forward quantizes them."""
+    q = te_jax.quantize
+    layout = q.QuantizeLayout
+    return {
+        "xq_block": q.quantize(x, q.Float8Block1DQuantizer(q_layout=layout.ROWWISE)),
+        "wq_block": q.quantize(w, q.Float8Block2DQuantizer(q_layout=layout.ROWWISE_COLWISE)),
+    }
+
+
 @jax.jit
 def _warm_delayed(qs, x, w, dy):
     """Delayed scaling's steady state: each quantizer updated once with its tensor's amax (the
@@ -343,6 +387,8 @@ def _make_inputs(te_jax, shape, n_sets: int, seed: int, need_fp8: bool) -> list[
             qs = te_jax.QuantizerSet.create(te_jax.recipe.DelayedScaling())
             inp["qs_delayed"] = _warm_delayed(qs, inp["x"], inp["w"], inp["dy"])
             inp["qs_current"] = te_jax.QuantizerSet.create(te_jax.recipe.CurrentScaling())
+            inp["qs_blockwise"] = te_jax.QuantizerSet.create(te_jax.recipe.Float8BlockScaling())
+            inp.update(_block_operands(te_jax, inp["x"], inp["w"]))
         sets.append(inp)
     jax.block_until_ready(sets)
     return sets
@@ -717,6 +763,7 @@ def checks(result: dict) -> list[dict]:
             1.7,
             False,
         ),
+        ("FP8 blockwise GEMM alone >= 1.40x jnp.dot bf16", "te:dot_fp8_blockwise", spd, 1.4, False),
     ]
     out = []
     for name, row, value, target, noise in ratio_checks:

@@ -1,6 +1,6 @@
 """MLP block benchmark: te_jax's ``LayerNormMLP`` (Linen and NNX; bf16, FP8 delayed and current
-scaling) against the Flax-native block and Flax's own FP8 (``nn.Fp8DotGeneralOp``), one
-training step each (forward + backward, no optimizer).
+scaling, blockwise FP8: ``Float8BlockScaling``) against the Flax-native block and Flax's own FP8
+(``nn.Fp8DotGeneralOp``), one training step each (forward + backward, no optimizer).
 
     python -m benchmarks.mlp                         # GPU: tokens 8192, hidden 4096
     python -m benchmarks.mlp --quick                 # tiny shapes, 3 samples (CPU smoke test)
@@ -80,9 +80,11 @@ ROWS = (
     "te_linen:delayed_accum4",
     "te_linen:delayed_accum4_cached",
     "te_linen:current",
+    "te_linen:blockwise",
     "te_nnx:bf16",
     "te_nnx:delayed",
     "te_nnx:current",
+    "te_nnx:blockwise",
 )
 # The te_linen rows with the bf16 GELU backward in the dgrad GEMM's DGELU epilogue (dbias_1 a
 # float32 sum of dh), or DGELU + BGRAD: LayerNormMLP's gelu_backward (te_jax.fused_mlp's).
@@ -103,6 +105,8 @@ WANTED = {
     "te_nnx:delayed": 1.55,
     "te_linen:current": 1.40,
     "te_nnx:current": 1.40,
+    "te_linen:blockwise": 1.35,
+    "te_nnx:blockwise": 1.35,
 }
 
 
@@ -113,6 +117,7 @@ def _recipe(te_jax, name: str):
         "bf16_dgelu_bgrad": None,
         "delayed": te_jax.recipe.DelayedScaling(),
         "current": te_jax.recipe.CurrentScaling(),
+        "blockwise": te_jax.recipe.Float8BlockScaling(),
     }[ACCUMULATE.get(name, (name,))[0]]
 
 
