@@ -488,7 +488,7 @@ ERRORS = {
         lambda: QuantizerSet.create("delayed"),
         TypeError,
         "recipe must be te_jax.recipe.DelayedScaling, CurrentScaling, "
-        "MXFP8BlockScaling or None, got str",
+        "MXFP8BlockScaling, Float8BlockScaling or None, got str",
     ),
 }
 

@@ -239,12 +239,15 @@ class NVFP4Quantizer(Quantizer):
         self._normalize_config()
 
 
+@dataclasses.dataclass(frozen=True)
 class _Float8BlockQuantizer(Quantizer):
-    """The blockwise FP8 quantizers' shared configuration: ``power_2_scale`` and
-    ``amax_epsilon`` (static, TransformerEngine's ``QParams``)."""
+    """The blockwise FP8 quantizers' shared configuration: ``q_dtype``, ``q_layout``,
+    ``power_2_scale`` and ``amax_epsilon`` (static, TransformerEngine's ``QParams``)."""
 
-    power_2_scale: bool
-    amax_epsilon: float
+    q_dtype: Any = formats.E4M3
+    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
+    power_2_scale: bool = True
+    amax_epsilon: float = 0.0
 
     def __post_init__(self):
         self._normalize_config()
@@ -284,11 +287,6 @@ class Float8Block1DQuantizer(_Float8BlockQuantizer):
 
     scaling_mode: ClassVar[ScalingMode] = ScalingMode.FP8_BLOCK_1D_SCALING
 
-    q_dtype: Any = formats.E4M3
-    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
-    power_2_scale: bool = True
-    amax_epsilon: float = 0.0
-
 
 @_register
 @dataclasses.dataclass(frozen=True)
@@ -312,11 +310,6 @@ class Float8Block2DQuantizer(_Float8BlockQuantizer):
     """
 
     scaling_mode: ClassVar[ScalingMode] = ScalingMode.FP8_BLOCK_2D_SCALING
-
-    q_dtype: Any = formats.E4M3
-    q_layout: QuantizeLayout = QuantizeLayout.ROWWISE
-    power_2_scale: bool = True
-    amax_epsilon: float = 0.0
 
 
 @_register
