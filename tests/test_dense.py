@@ -662,7 +662,7 @@ def _exact_cases():
     - mxfp8: every configuration (the float32 kernel takes the dequantized path there);
     - mxfp8-hybrid (only the gradient's dtype differs): ReLU, where dh goes through it;
     - blockwise (x and grad in 1×128 blocks, the kernel in 128×128 tiles, power-of-two scales:
-      dequantized exactly): ReLU and the float32 kernel, aligned and not (partial blocks);
+      dequantized exactly): the float32 kernel, K and N not multiples of 16 (partial blocks);
     - K, N not multiples of 16 (MXFP8 needs multiples of 32: tensor scaling only; one recipe,
       since the fallback GEMM is the same for both and the aligned cases check each one's
       scale): ReLU and the float32 kernel."""
@@ -671,7 +671,6 @@ def _exact_cases():
         "current": ["gemm-f32", "gemm-bf16-f32kernel"],
         "mxfp8": list(EXACT_CONFIGS),
         "mxfp8-hybrid": ["relu-bf16"],
-        "blockwise": ["relu-bf16"],
     }
     for name, configs in pick.items():
         for c in configs:
