@@ -15,7 +15,7 @@ import pytest
 
 import te_jax
 from te_jax.quantize import QuantizeLayout
-from te_jax.recipe import CurrentScaling, DelayedScaling, QuantizerSet
+from te_jax.recipe import CurrentScaling, DelayedScaling, Float8BlockScaling, QuantizerSet
 
 RECIPES = {"bf16": None, "delayed": DelayedScaling(), "current": CurrentScaling()}
 
@@ -106,6 +106,26 @@ def test_quantized_lhs_is_used_as_it_is(rng):
     # kernel's state advanced.
     assert all(not np.any(np.asarray(a)) for a in jax.tree.leaves(next_qs.x))
     assert float(jnp.max(next_qs.kernel.amax_history)) == float(jnp.max(jnp.abs(w)))
+
+
+def test_blockwise_quantized_lhs_is_used_as_it_is(rng):
+    """Under Float8BlockScaling a ScaledTensor lhs (1×128 blocks, both copies) gives what the
+    array does, bit for bit: the output and the kernel's gradient (wgrad reads its colwise
+    copy); the GEMM multiplies the dequantized operands."""
+    x, w, b = _operands(rng, m=40, k=200, n=72)  # partial blocks both ways
+    qs = QuantizerSet.create(Float8BlockScaling())
+
+    def loss(x, w):
+        return jnp.sum(te_jax.gemm(x, w, b, epilogue="relu", quantizer_set=qs) ** 2)
+
+    @jax.jit
+    def run(x):
+        qx = te_jax.quantize.quantize(x, qs.with_layout("x", QuantizeLayout.ROWWISE_COLWISE))
+        return [jax.value_and_grad(loss, argnums=1)(a, w) for a in (qx, x)]
+
+    (y_q, dw_q), (y, dw) = run(x)
+    np.testing.assert_array_equal(np.asarray(y_q), np.asarray(y))
+    np.testing.assert_array_equal(np.asarray(dw_q), np.asarray(dw))
 
 
 @pytest.mark.parametrize("k, n", [(24, 8)], ids=["k24-n8"])
