@@ -81,8 +81,9 @@ def register_outer_rules(
     is ``local`` under ``custom_partitioning``, ``reference`` is the pure-JAX path.
 
     Under ``jit`` the op lowers through ``partitioned`` where kernels exist and through
-    ``reference`` elsewhere. Eager calls run ``local`` (or ``reference``) directly:
-    ``custom_partitioning`` needs the device assignment of a jitted computation.
+    ``reference`` elsewhere. Eager calls run ``local`` (or ``reference``) directly, by the
+    platform they run on (``eager_backend``): ``custom_partitioning`` needs the device
+    assignment of a jitted computation.
 
     ``platforms`` are the lowering platforms (``"cpu"``, ``"cuda"``) with a kernel for this op:
     by default every platform whose extension is registered; an op whose FFI target exists on
