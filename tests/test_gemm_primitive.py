@@ -921,6 +921,8 @@ def test_gemm_config_is_the_only_parameter(rng, monkeypatch):
             "grad_bias",
             "split_accumulator",
             "deterministic",
+            "lhs_scale_mode",
+            "rhs_scale_mode",
         }
     )
     assert attrs == dict(
@@ -930,6 +932,8 @@ def test_gemm_config_is_the_only_parameter(rng, monkeypatch):
         grad_bias=False,
         split_accumulator=True,
         deterministic=False,
+        lhs_scale_mode=0,
+        rhs_scale_mode=0,
     )
     with pytest.raises(TypeError):  # removed with the amax output: not a keyword any more
         bind_gemm(lhs, rhs, rhs_trans=True, output_amax=True)
@@ -973,7 +977,10 @@ class ContractEmulator:
         "grad_bias",
         "split_accumulator",
         "deterministic",
+        "lhs_scale_mode",
+        "rhs_scale_mode",
     }
+    INT_ATTRS = {"epilogue", "lhs_scale_mode", "rhs_scale_mode"}
     WORKSPACE = 3  # the results: out, aux_out, dbias, workspace
 
     def __init__(self):
@@ -988,7 +995,7 @@ class ContractEmulator:
         assert target == "te_jax_gemm"
         assert set(attrs) == self.ATTRS, attrs
         for k, v in attrs.items():
-            assert type(v) is (np.int64 if k == "epilogue" else np.bool_), (k, type(v))
+            assert type(v) is (np.int64 if k in self.INT_ATTRS else np.bool_), (k, type(v))
         self.attrs.append(attrs)
         lhs, rhs, bias, aux, lsi, rsi, addend = operands
         self.calls.append((lhs.shape, rhs.shape, bias.shape, aux.shape))

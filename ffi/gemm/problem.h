@@ -4,6 +4,7 @@
 //   L = lhs (M, K), or lhsᵀ when lhs_trans (stored (K, M));  R = rhs (K, N), or rhsᵀ when
 //   rhs_trans (stored (N, K));
 //   out (M, N) = epilogue(L·R · lhs_scale_inv · rhs_scale_inv + addend + bias)
+// (block-scaled operands: each product term scaled by its blocks' scale_invs, GemmScaleMode)
 // (addend: cuBLASLt's C with beta = 1, out's shape and dtype, DEFAULT epilogue only)
 //
 // with an optional leading batch B on lhs, rhs, out and the aux buffers (a strided batch).
@@ -30,6 +31,29 @@ enum class GemmEpilogue : int64_t {
   GELU = 4,      // out = gelu_tanh(h)
 };
 
+// How an FP8 operand's scale_inv applies (the FFI attributes `lhs_scale_mode` / `rhs_scale_mode`;
+// Python's te_jax.primitives.gemm.GemmScaleMode holds the same values). The block modes read
+// float32 scales in cuBLASLt's layouts, of the operand as stored (M, K) / (N, K):
+//   BLOCK_1D  one per 1x128 block along K: (ceil(K/128), round_up(rows, 4)), rows contiguous
+//   BLOCK_2D  one per 128x128 tile: (ceil(rows/128), round_up(ceil(K/128), 4)), K-blocks contiguous
+// (the padding is never read). Block scaling is unbatched, FP8 only, and one operand at most is
+// 2D (cuBLASLt has no 2D x 2D kernel).
+enum class GemmScaleMode : int64_t {
+  TENSOR = 0,    // one float32 per tensor, (1,)
+  BLOCK_1D = 1,  // cuBLASLt's VEC128_32F
+  BLOCK_2D = 2,  // cuBLASLt's BLK128x128_32F
+};
+
+inline constexpr int64_t kScaleBlock = 128;
+
+// The float32 count of a block scale of an operand stored (rows, k).
+inline int64_t block_scale_count(GemmScaleMode mode, int64_t rows, int64_t k) {
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const auto round_up4 = [](int64_t a) { return (a + 3) / 4 * 4; };
+  if (mode == GemmScaleMode::BLOCK_1D) return ceil_div(k, kScaleBlock) * round_up4(rows);
+  return ceil_div(rows, kScaleBlock) * round_up4(ceil_div(k, kScaleBlock));
+}
+
 // cuBLASLt's FP8 GEMM needs 16-byte aligned leading dimensions: K (both operands) and N (out).
 inline constexpr int64_t kFp8Alignment = 16;
 
@@ -39,6 +63,7 @@ struct GemmProblem {
   bool lhs_trans = false, rhs_trans = false;
   GemmEpilogue epilogue = GemmEpilogue::DEFAULT;
   bool grad_bias = false, split_accumulator = true;
+  GemmScaleMode lhs_scale_mode = GemmScaleMode::TENSOR, rhs_scale_mode = GemmScaleMode::TENSOR;
   // Take cuBLASLt's first heuristic choice untimed, so the algorithm (and the bits) are the same
   // in every process (gemm/NOTES.md, "Deterministic GEMMs").
   bool deterministic = false;
@@ -57,6 +82,9 @@ struct GemmProblem {
   size_t workspace_bytes = 0;
 
   bool fp8() const { return is_fp8(lhs_type); }
+  bool block_scaled() const {
+    return lhs_scale_mode != GemmScaleMode::TENSOR || rhs_scale_mode != GemmScaleMode::TENSOR;
+  }
   static bool is_fp8(ffi::DataType t) {
     return t == ffi::DataType::F8E4M3FN || t == ffi::DataType::F8E5M2;
   }
@@ -79,6 +107,9 @@ inline std::string GemmProblem::describe() const {
                   " M=" + std::to_string(m) + " N=" + std::to_string(n) +
                   " K=" + std::to_string(k) + ", epilogue " +
                   std::to_string(static_cast<int64_t>(epilogue));
+  if (block_scaled())
+    s += ", scale modes " + std::to_string(static_cast<int64_t>(lhs_scale_mode)) + " x " +
+         std::to_string(static_cast<int64_t>(rhs_scale_mode));
   if (bias) s += ", bias";
   if (addend) s += ", addend";
   if (deterministic) s += ", deterministic";
@@ -116,13 +147,16 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
                               ffi::AnyBuffer addend, ffi::AnyBuffer* out, ffi::AnyBuffer* aux_out,
                               ffi::AnyBuffer* dbias, ffi::AnyBuffer* workspace, bool lhs_trans,
                               bool rhs_trans, GemmEpilogue epilogue, bool grad_bias,
-                              bool split_accumulator, bool deterministic, const char* op) {
+                              bool split_accumulator, bool deterministic,
+                              GemmScaleMode lhs_scale_mode, GemmScaleMode rhs_scale_mode,
+                              const char* op) {
   using detail::absent;
   p.lhs_type = lhs.element_type();
   p.rhs_type = rhs.element_type();
   p.out_type = out->element_type();
   p.lhs_trans = lhs_trans, p.rhs_trans = rhs_trans, p.epilogue = epilogue;
   p.grad_bias = grad_bias, p.split_accumulator = split_accumulator;
+  p.lhs_scale_mode = lhs_scale_mode, p.rhs_scale_mode = rhs_scale_mode;
   p.deterministic = deterministic;
 
   const bool fp8 = GemmProblem::is_fp8(p.lhs_type);
@@ -231,9 +265,31 @@ inline ffi::Error decode_gemm(GemmProblem& p, ffi::AnyBuffer lhs, ffi::AnyBuffer
                              gemm_dtype_name(addend.element_type()));
     p.addend = addend.untyped_data();
   }
-  if (lhs_scale_inv.element_type() != ffi::DataType::F32 || lhs_scale_inv.element_count() != 1 ||
-      rhs_scale_inv.element_type() != ffi::DataType::F32 || rhs_scale_inv.element_count() != 1)
-    return invalid(op, "lhs_scale_inv and rhs_scale_inv must be float32 (1,)");
+  for (const auto mode : {lhs_scale_mode, rhs_scale_mode}) {
+    if (static_cast<int64_t>(mode) < 0 || static_cast<int64_t>(mode) > 2)
+      return invalid(op, "unknown scale mode " + std::to_string(static_cast<int64_t>(mode)));
+  }
+  if (p.block_scaled()) {
+    if (!fp8) return invalid(op, "block scale modes take FP8 operands");
+    if (p.batch != 1) return invalid(op, "block-scaled FP8 GEMMs are unbatched");
+    if (lhs_scale_mode == GemmScaleMode::BLOCK_2D && rhs_scale_mode == GemmScaleMode::BLOCK_2D)
+      return invalid(op, "cuBLASLt has no GEMM of two 128x128-block-scaled operands (one must "
+                         "be 1x128-block scaled)");
+  }
+  const auto scale_count = [&](GemmScaleMode mode, int64_t rows) -> int64_t {
+    return mode == GemmScaleMode::TENSOR ? 1 : block_scale_count(mode, rows, p.k);
+  };
+  const int64_t lhs_scales = scale_count(lhs_scale_mode, p.m);
+  const int64_t rhs_scales = scale_count(rhs_scale_mode, p.n);
+  if (lhs_scale_inv.element_type() != ffi::DataType::F32 ||
+      lhs_scale_inv.element_count() != size_t(lhs_scales) ||
+      rhs_scale_inv.element_type() != ffi::DataType::F32 ||
+      rhs_scale_inv.element_count() != size_t(rhs_scales))
+    return invalid(op, "lhs_scale_inv and rhs_scale_inv must be float32 with " +
+                           std::to_string(lhs_scales) + " and " + std::to_string(rhs_scales) +
+                           " elements (their scale modes'), got " +
+                           dims_str(lhs_scale_inv.dimensions()) + " and " +
+                           dims_str(rhs_scale_inv.dimensions()));
   p.lhs_scale_inv = static_cast<const float*>(lhs_scale_inv.untyped_data());
   p.rhs_scale_inv = static_cast<const float*>(rhs_scale_inv.untyped_data());
   p.lhs = lhs.untyped_data();

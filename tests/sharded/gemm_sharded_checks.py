@@ -248,3 +248,84 @@ def test_uneven_split_is_refused(rng):
 
     with pytest.raises(Exception, match=r"M \(rows\) has size 12, which mesh axes \('x',\)"):
         jax.jit(f)(lhs, rhs)
+
+
+@pytest.mark.parametrize(
+    "lhs_spec, rhs_spec",
+    [
+        (P("data", None), P(None, None)),  # rows split (258 each: re-padded to 4)
+        (P(None, None), P(("data", "tensor"), None)),  # the 2D operand's rows split 8 ways
+        (P("data", "tensor"), P(None, "tensor")),  # K split: a reduction of partial products
+    ],
+    ids=["rows", "n_8way", "rows_and_k"],
+)
+def test_block_scaled_operands_take_their_shards_scales(lhs_spec, rhs_spec, rng):
+    """Each shard multiplies its blocks by its own block scales (cut from the whole layout and
+    re-padded): the unsharded product, within float32 accumulation where K is split."""
+    from te_jax.primitives.gemm import GemmScaleMode
+    from te_jax.primitives.gemm.checks import block_scale_shape
+
+    m, k, n = 516, 1024, 1024
+    modes = (GemmScaleMode.BLOCK_1D, GemmScaleMode.BLOCK_2D)
+    lhs = jnp.asarray(rng.normal(size=(m, k)), jnp.float32).astype(formats.E4M3)
+    rhs = jnp.asarray(rng.normal(size=(n, k)), jnp.float32).astype(formats.E4M3)
+    sl, sr = (
+        jnp.asarray(rng.uniform(0.5, 2, size=block_scale_shape(mode, rows, k)), jnp.float32)
+        for mode, rows in zip(modes, (m, n), strict=True)
+    )
+
+    def gemm(lhs, rhs, sl, sr):
+        return (
+            bind_gemm(
+                lhs,
+                rhs,
+                lhs_scale_inv=sl,
+                rhs_scale_inv=sr,
+                rhs_trans=True,
+                out_dtype=jnp.float32,
+                lhs_scale_mode=modes[0],
+                rhs_scale_mode=modes[1],
+            ).out,
+        )
+
+    (want,) = jax.jit(gemm)(lhs, rhs, sl, sr)
+    specs = (lhs_spec, rhs_spec, P(None, None), P(None, None))
+    _, (got,) = _run(MESH_2D, specs, (P(None, None),), gemm, lhs, rhs, sl, sr)
+    if lhs_spec[1] is None:
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    else:  # partial products reduced: float32 accumulation in another order
+        mags = np.abs(np.asarray(lhs.astype(jnp.float32), np.float64)) * 2.0
+        bound = k * 2.0**-23 * (mags @ (np.abs(np.asarray(rhs.astype(jnp.float32))) * 2.0).T)
+        assert np.all(np.abs(np.asarray(got, np.float64) - np.asarray(want)) <= 2 * bound)
+
+
+def test_block_scaled_split_must_leave_whole_blocks(rng):
+    from te_jax.primitives.gemm import GemmScaleMode
+    from te_jax.primitives.gemm.checks import block_scale_shape
+
+    m, k, n = 128, 256, 256  # the 2D rhs's rows split 8 ways: 32-row shards
+    modes = (GemmScaleMode.BLOCK_1D, GemmScaleMode.BLOCK_2D)
+    lhs = jnp.ones((m, k), formats.E4M3)
+    rhs = jnp.ones((n, k), formats.E4M3)
+    sl, sr = (
+        jnp.ones(block_scale_shape(md, r, k), jnp.float32)
+        for md, r in zip(modes, (m, n), strict=True)
+    )
+
+    def gemm(lhs, rhs, sl, sr):
+        return (
+            bind_gemm(
+                lhs,
+                rhs,
+                lhs_scale_inv=sl,
+                rhs_scale_inv=sr,
+                rhs_trans=True,
+                out_dtype=jnp.float32,
+                lhs_scale_mode=modes[0],
+                rhs_scale_mode=modes[1],
+            ).out,
+        )
+
+    specs = (P(None, None), P(("data", "tensor"), None), P(None, None), P(None, None))
+    with pytest.raises(Exception, match="not a multiple of its 128-element blocks"):
+        _run(MESH_2D, specs, (P(None, None),), gemm, lhs, rhs, sl, sr)

@@ -49,6 +49,14 @@ size_t type_bytes(ffi::DataType t) {
   }
 }
 
+int32_t lt_scale_mode(gemm::GemmScaleMode m) {
+  switch (m) {
+    case gemm::GemmScaleMode::BLOCK_1D: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case gemm::GemmScaleMode::BLOCK_2D: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  }
+}
+
 cublasLtEpilogue_t lt_epilogue(const GemmProblem& p) {
   const bool bias = p.bias != nullptr;
   switch (p.epilogue) {
@@ -86,14 +94,16 @@ struct AlgoKey {
   bool lhs_trans, rhs_trans;
   int epilogue;
   bool bias, fast_accum, addend;
+  int lhs_scale_mode, rhs_scale_mode;
   size_t workspace_bytes;
   uint32_t align_lhs, align_rhs, align_out, align_addend;
   bool deterministic;  // never served a timed choice, nor serves its untimed one to others
 
   auto tie() const {
     return std::tie(device, lhs_type, rhs_type, out_type, batch, m, n, k, lhs_trans, rhs_trans,
-                    epilogue, bias, fast_accum, addend, workspace_bytes, align_lhs, align_rhs,
-                    align_out, align_addend, deterministic);
+                    epilogue, bias, fast_accum, addend, lhs_scale_mode, rhs_scale_mode,
+                    workspace_bytes, align_lhs, align_rhs, align_out, align_addend,
+                    deterministic);
   }
   bool operator<(const AlgoKey& o) const { return tie() < o.tie(); }
 };
@@ -159,6 +169,12 @@ ffi::Error describe(const CublasLt& lt, const char* op, const GemmProblem& p, De
     // A := rhs, B := lhs.
     TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.rhs_scale_inv), "set A_SCALE");
     TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.lhs_scale_inv), "set B_SCALE");
+    if (p.block_scaled()) {
+      TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, lt_scale_mode(p.rhs_scale_mode)),
+                "set A_SCALE_MODE");
+      TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, lt_scale_mode(p.lhs_scale_mode)),
+                "set B_SCALE_MODE");
+    }
     const int8_t fast = p.split_accumulator ? 0 : 1;
     TE_JAX_LT(set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast), "set FAST_ACCUM");
   }
@@ -189,7 +205,8 @@ AlgoKey key_of(int device, const GemmProblem& p) {
   return AlgoKey{device, static_cast<int>(p.lhs_type), static_cast<int>(p.rhs_type),
                  static_cast<int>(p.out_type), p.batch, p.m, p.n, p.k, p.lhs_trans, p.rhs_trans,
                  static_cast<int>(lt_epilogue(p)), p.bias != nullptr,
-                 !p.split_accumulator, p.addend != nullptr, p.workspace_bytes, alignment(p.lhs),
+                 !p.split_accumulator, p.addend != nullptr, static_cast<int>(p.lhs_scale_mode),
+                 static_cast<int>(p.rhs_scale_mode), p.workspace_bytes, alignment(p.lhs),
                  alignment(p.rhs), alignment(p.out), alignment(c_of(p)), p.deterministic};
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from te_jax.primitives.gemm.epilogue import GemmEpilogue
+from te_jax.primitives.gemm.epilogue import GemmEpilogue, GemmScaleMode
 from te_jax.primitives.gemm.groups import groups, rhs_kd
 from te_jax.primitives.gemm.kernel import dims
 from te_jax.primitives.gemm.reference_results import F32, F64, FP8
@@ -22,6 +22,8 @@ __all__ = [
     "check_epilogue",
     "check_epilogue_input",
     "check_scale_inv",
+    "check_block_operands",
+    "block_scale_shape",
 ]
 
 _WHERE = "te_jax.gemm"
@@ -205,7 +207,46 @@ def check_epilogue_input(what, a, shape, out_dtype):
     return a
 
 
-def check_scale_inv(what, s, fp8, operand_dtype):
+def check_block_operands(modes, fp8, batch, lhs_trans, rhs_trans, k_ndim) -> None:
+    """Block-scaled operands: FP8, unbatched, the TN form, one K axis, not both 128x128."""
+    if all(m == GemmScaleMode.TENSOR for m in modes):
+        return
+    names = f"lhs_scale_mode={modes[0].name}, rhs_scale_mode={modes[1].name}"
+    if not fp8:
+        raise ValueError(f"{_WHERE}: {names} scale FP8 operands; these are not FP8")
+    if batch or lhs_trans or not rhs_trans or k_ndim != 1:
+        raise ValueError(
+            f"{_WHERE}: {names}: block-scaled operands must be unbatched, in the TN form "
+            "(lhs (M, K), rhs stored (N, K): lhs_trans=False, rhs_trans=True) with one K axis"
+        )
+    if modes == (GemmScaleMode.BLOCK_2D, GemmScaleMode.BLOCK_2D):
+        raise ValueError(
+            f"{_WHERE}: {names}: cuBLASLt has no GEMM of two 128x128-block-scaled operands; "
+            "scale one of them in 1x128 blocks"
+        )
+
+
+def block_scale_shape(mode, rows: int, k: int) -> tuple[int, int]:
+    """The float32 scale shape of an operand stored ``(rows, k)`` under a block ``mode``
+    (cuBLASLt's layouts, ffi/gemm/problem.h)."""
+    kb = -(-k // 128)
+    if mode == GemmScaleMode.BLOCK_1D:
+        return (kb, -(-rows // 4) * 4)
+    return (-(-rows // 128), -(-kb // 4) * 4)
+
+
+def check_scale_inv(what, s, fp8, operand_dtype, mode=GemmScaleMode.TENSOR, shape=None):
+    """A scale_inv as the primitive takes it: ``(1,)`` per tensor, or a block mode's 2-D
+    layout for an operand stored as ``shape`` ``(rows, K)``."""
+    if mode != GemmScaleMode.TENSOR:
+        want = block_scale_shape(mode, *shape)
+        if s is None or np.dtype(jnp.asarray(s).dtype) != F32 or tuple(s.shape) != want:
+            got = "None" if s is None else f"{_name(s.dtype)}{tuple(s.shape)}"
+            raise ValueError(
+                f"{_WHERE}: {what} of a {mode.name} operand stored {tuple(shape)} must be "
+                f"float32 {want}, got {got}"
+            )
+        return jnp.asarray(s)
     if s is None:
         return jnp.ones((1,), F32)
     if not fp8:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from te_jax.primitives.gemm.epilogue import GemmEpilogue
+from te_jax.primitives.gemm.epilogue import GemmEpilogue, GemmScaleMode
 
 __all__ = ["GemmConfig", "GemmResult"]
 
@@ -38,6 +38,8 @@ class GemmConfig:
         (``groups.py``).
       addend: an addend of out's shape is added to the scaled product before the bias
         (cuBLASLt's ``C`` with ``beta = 1``; the ``DEFAULT`` epilogue only).
+      lhs_scale_mode, rhs_scale_mode: how each FP8 operand's ``scale_inv`` applies
+        (``GemmScaleMode``: per tensor, or cuBLASLt's 1x128 / 128x128 block layouts).
     """
 
     lhs_trans: bool = False
@@ -50,6 +52,8 @@ class GemmConfig:
     k_ndim: int = 1
     n_ndim: int = 1
     addend: bool = False
+    lhs_scale_mode: GemmScaleMode = GemmScaleMode.TENSOR
+    rhs_scale_mode: GemmScaleMode = GemmScaleMode.TENSOR
 
     def replace(self, **changes) -> GemmConfig:
         return dataclasses.replace(self, **changes)
@@ -62,6 +66,12 @@ class GemmConfig:
     @property
     def is_flat(self) -> bool:
         return self.k_ndim == 1 and self.n_ndim == 1
+
+    @property
+    def block_scaled(self) -> bool:
+        """An operand is scaled in blocks (``GemmScaleMode.BLOCK_1D`` / ``BLOCK_2D``)."""
+        tensor = GemmScaleMode.TENSOR
+        return self.lhs_scale_mode != tensor or self.rhs_scale_mode != tensor
 
     @property
     def writes_aux(self) -> bool:
@@ -101,6 +111,8 @@ class GemmConfig:
             grad_bias=np.bool_(self.grad_bias),
             split_accumulator=np.bool_(self.split_accumulator),
             deterministic=np.bool_(self.deterministic),
+            lhs_scale_mode=np.int64(self.lhs_scale_mode),
+            rhs_scale_mode=np.int64(self.rhs_scale_mode),
         )
 
 

@@ -58,7 +58,7 @@ from te_jax.dispatch import Path, decide, deterministic_gemm
 from te_jax.primitives import base
 from te_jax.primitives.gemm import checks
 from te_jax.primitives.gemm.config import GemmConfig, GemmResult
-from te_jax.primitives.gemm.epilogue import GemmEpilogue
+from te_jax.primitives.gemm.epilogue import GemmEpilogue, GemmScaleMode
 from te_jax.primitives.gemm.groups import arrange, grouped, groups
 from te_jax.primitives.gemm.kernel import TARGET, kernel_results
 from te_jax.primitives.gemm.reference_results import F32, epilogue, reference_results
@@ -119,6 +119,10 @@ def _batch_operands(lhs, ld, rhs, rd, size):
 
 
 def _batch(args, dims, *, config: GemmConfig):
+    if config.block_scaled:
+        # Block-scaled GEMMs are unbatched: each example's product of its dequantized blocks.
+        outs = jax.vmap(lambda *a: reference_results(*a, config), in_axes=tuple(dims))(*args)
+        return list(outs), [0] * len(outs)
     if not config.is_flat:
         # Groups fold per example (a reshape vmap batches), then the one-K, one-N rule.
         def one(*operands):
@@ -212,6 +216,8 @@ def bind_gemm(
     implementation: str | None = None,
     k_ndim: int = 1,
     n_ndim: int = 1,
+    lhs_scale_mode: GemmScaleMode = GemmScaleMode.TENSOR,
+    rhs_scale_mode: GemmScaleMode = GemmScaleMode.TENSOR,
 ) -> GemmResult:
     """One GEMM with a fused bias and epilogue (see the module docstring for the math).
 
@@ -223,7 +229,8 @@ def bind_gemm(
       aux: for ``GemmEpilogue.DGELU`` only: the forward's pre-activation h, out's shape, in
         out_dtype.
       lhs_scale_inv, rhs_scale_inv: FP8 only: float32 scalars or ``(1,)`` that multiply the
-        accumulator (dequantization); 1 when ``None``.
+        accumulator (dequantization); 1 when ``None``. Or an operand's block scales, as its
+        scale mode lays them out.
       addend: out's shape, in out_dtype, added to the scaled product before the bias (one
         rounding for the sum); ``DEFAULT`` epilogue only.
       lhs_trans, rhs_trans: whether lhs / rhs are stored transposed (FP8: False and True).
@@ -237,6 +244,9 @@ def bind_gemm(
         the pure-JAX path elsewhere), ``"ffi"`` (the kernel or a ``RuntimeError``) or ``"xla"``.
       k_ndim, n_ndim: how many axes form K and N (``groups.py``): lhs ``(M, *Kd)``, rhs
         ``(*Kd, *F)`` (transposed ``(*F, *Kd)``), out ``(M, *F)``, bias ``F``.
+      lhs_scale_mode, rhs_scale_mode: ``GemmScaleMode``: ``TENSOR``, or FP8 operands scaled
+        in 1x128 (``BLOCK_1D``) or 128x128 (``BLOCK_2D``) blocks, unbatched, in the TN form,
+        one K axis, with their scales in cuBLASLt's layouts (ffi/gemm/problem.h).
 
     Returns:
       ``GemmResult(out, aux, dbias)``: out ``(B?, M, *F)`` in out_dtype; aux (h, out's shape and
@@ -273,8 +283,18 @@ def bind_gemm(
         addend = absent
     else:
         addend = checks.check_epilogue_input("addend", addend, batch + (m,) + f, out_dt)
-    lhs_si = checks.check_scale_inv("lhs_scale_inv", lhs_scale_inv, fp8, lhs.dtype)
-    rhs_si = checks.check_scale_inv("rhs_scale_inv", rhs_scale_inv, fp8, lhs.dtype)
+    modes = GemmScaleMode(lhs_scale_mode), GemmScaleMode(rhs_scale_mode)
+    checks.check_block_operands(modes, fp8, batch, lhs_trans, rhs_trans, k_ndim)
+    lhs_si, rhs_si = (
+        checks.check_scale_inv(what, si, fp8, lhs.dtype, mode, shape)
+        for what, si, mode, shape in zip(
+            ("lhs_scale_inv", "rhs_scale_inv"),
+            (lhs_scale_inv, rhs_scale_inv),
+            modes,
+            (lhs.shape, rhs.shape),
+            strict=True,
+        )
+    )
     config = GemmConfig(
         lhs_trans=lhs_trans,
         rhs_trans=rhs_trans,
@@ -286,6 +306,8 @@ def bind_gemm(
         k_ndim=int(k_ndim),
         n_ndim=int(n_ndim),
         addend=addend.ndim > 1,
+        lhs_scale_mode=modes[0],
+        rhs_scale_mode=modes[1],
     )
     path = decide(
         "gemm", implementation, lhs.dtype, target=TARGET, kernel_dtypes=checks.KERNEL_DTYPES

@@ -15,10 +15,18 @@ from jax import lax
 
 from te_jax import activation_reference
 from te_jax.primitives.gemm.config import GemmConfig
-from te_jax.primitives.gemm.epilogue import GemmEpilogue
+from te_jax.primitives.gemm.epilogue import GemmEpilogue, GemmScaleMode
 from te_jax.quantize import formats
 
-__all__ = ["accumulate", "epilogue", "reference_results", "F32", "F64", "FP8"]
+__all__ = [
+    "accumulate",
+    "block_dequantize",
+    "epilogue",
+    "reference_results",
+    "F32",
+    "F64",
+    "FP8",
+]
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -32,7 +40,9 @@ def accumulate(lhs, rhs, config: GemmConfig, cdt) -> jax.Array:
     """``L @ R`` accumulated in ``cdt``, shape ``(batch..., M, N)``: one K axis, one N axis;
     rhs with lhs's batch axes or rank 2 (shared over them)."""
     if np.dtype(lhs.dtype) in FP8:  # dot_general takes no FP8: widen exactly
-        lhs, rhs = formats.to_float32(lhs), formats.to_float32(rhs)
+        lhs = formats.to_float32(lhs)
+    if np.dtype(rhs.dtype) in FP8:
+        rhs = formats.to_float32(rhs)
     lc = lhs.ndim - (2 if config.lhs_trans else 1)
     rc = rhs.ndim - (1 if config.rhs_trans else 2)
     batch = tuple(range(lhs.ndim - 2)) if rhs.ndim == lhs.ndim else ()
@@ -76,11 +86,37 @@ def epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config: GemmC
     return outs
 
 
+_BLOCK = 128
+
+
+def block_dequantize(data, scale_inv, mode: GemmScaleMode) -> jax.Array:
+    """An FP8 operand stored ``(rows, K)`` times its block scales, in float32 (each element
+    ``data[r, k] · s``, rounded once): ``BLOCK_1D`` scales ``(ceil(K/128), round_up(rows, 4))``
+    (``s = scale_inv[k // 128, r]``), ``BLOCK_2D`` ``(ceil(rows/128), round_up(ceil(K/128), 4))``
+    (``s = scale_inv[r // 128, k // 128]``); the padding is not read."""
+    rows, k = data.shape
+    kb = -(-k // _BLOCK)
+    if mode == GemmScaleMode.BLOCK_1D:
+        per_block = scale_inv[:, :rows].T  # (rows, kb)
+        s = jnp.repeat(per_block, _BLOCK, axis=1)[:, :k]
+    else:
+        per_tile = scale_inv[:, :kb]  # (ceil(rows/128), kb)
+        s = jnp.repeat(jnp.repeat(per_tile, _BLOCK, axis=0), _BLOCK, axis=1)[:rows, :k]
+    return formats.to_float32(data) * s
+
+
 def reference_results(
     lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config: GemmConfig
 ):
     """The primitive's results in pure JAX (one K axis, one N axis; ``split_accumulator`` and
-    ``deterministic`` have no effect: the accumulation is always float32)."""
+    ``deterministic`` have no effect: the accumulation is always float32). A block-scaled
+    operand (TN form, unbatched) is dequantized by its blocks first (``block_dequantize``) and
+    multiplied in float32; a tensor scale multiplies the accumulator."""
     cdt = F64 if np.dtype(config.out_dtype) == F64 else F32
+    one = jnp.ones((1,), F32)
+    if config.lhs_scale_mode != GemmScaleMode.TENSOR:
+        lhs, lhs_scale_inv = block_dequantize(lhs, lhs_scale_inv, config.lhs_scale_mode), one
+    if config.rhs_scale_mode != GemmScaleMode.TENSOR:
+        rhs, rhs_scale_inv = block_dequantize(rhs, rhs_scale_inv, config.rhs_scale_mode), one
     acc = accumulate(lhs, rhs, config, cdt)
     return epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config)

@@ -30,7 +30,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from te_jax.primitives import base
+from te_jax.primitives.gemm.checks import block_scale_shape
 from te_jax.primitives.gemm.config import GemmConfig
+from te_jax.primitives.gemm.epilogue import GemmScaleMode
 from te_jax.primitives.gemm.groups import arrange, groups
 
 __all__ = ["make_partitioned_gemm"]
@@ -50,8 +52,8 @@ def _sharding_rule(config: GemmConfig, operand_types):
         rhs_f,
         n if _bias_present(bias, n_ndim) else ["e0"] * len(bias),
         out if config.reads_aux else ["e1"] * len(aux),
-        ["s0"] * len(ls),
-        ["s1"] * len(rs),
+        [f"s0_{i}" for i in range(len(ls))],  # a block-scaled operand's scales are 2-D
+        [f"s1_{i}" for i in range(len(rs))],
         out if config.addend else ["e2"] * len(addend),
     ]
     results = config.results(out, n)
@@ -137,7 +139,17 @@ def _partition(config: GemmConfig, local, mesh, arg_shapes, result_shape):
     late_addend = bool(k_axes) and config.addend
     local_config = config.replace(addend=False) if late_addend else config
 
+    if config.block_scaled:
+        lhs_local = _local_shape(mesh, lhs_t.shape, lhs_spec)
+        rhs_local = _local_shape(mesh, rhs_t.shape, rhs_spec)
+        block_slices = (
+            _block_slice(mesh, config.lhs_scale_mode, lhs_spec, lhs_local),
+            _block_slice(mesh, config.rhs_scale_mode, rhs_spec, rhs_local),
+        )
+
     def lower(lhs, rhs, bias, aux, lhs_si, rhs_si, addend):
+        if config.block_scaled:  # the scales arrive whole: this shard's blocks
+            lhs_si, rhs_si = (f(si) for f, si in zip(block_slices, (lhs_si, rhs_si), strict=True))
         if k_axes and bias_present:
             bias = jnp.where(_first_shard(k_axes), bias, jnp.zeros_like(bias))
         local_addend = jnp.zeros((0,), addend.dtype) if late_addend else addend
@@ -157,6 +169,57 @@ def _partition(config: GemmConfig, local, mesh, arg_shapes, result_shape):
         return outs
 
     return mesh, lower, out_shardings, arg_shardings
+
+
+def _local_shape(mesh, shape, spec) -> tuple[int, ...]:
+    """A shard's shape of an array of ``shape`` split as ``spec``."""
+    return tuple(
+        size // math.prod(mesh.shape[a] for a in _entry_axes(e))
+        for size, e in zip(shape, spec, strict=True)
+    )
+
+
+def _shard_index(mesh, entry):
+    """This shard's index along a spec entry's mesh axes (the first axis the most major)."""
+    index = 0
+    for a in _entry_axes(entry):
+        index = index * mesh.shape[a] + lax.axis_index(a)
+    return index
+
+
+def _block_slice(mesh, mode, spec, local):
+    """``scale_inv -> this shard's block scales`` for a block-scaled operand stored
+    ``(rows, K)``, split as ``spec`` into ``local`` shards: the whole layout (checks.py's
+    ``block_scale_shape``) cut at the shard's blocks and re-padded. A split must leave whole
+    blocks (128 along K; along the rows too for 128x128 tiles), else ``ValueError``."""
+    if mode == GemmScaleMode.TENSOR:
+        return lambda si: si
+    rows, k = local
+    row_entry, k_entry = spec
+    for what, size, entry, blocked in (
+        ("K (contraction)", k, k_entry, True),
+        ("rows", rows, row_entry, mode == GemmScaleMode.BLOCK_2D),
+    ):
+        if blocked and _entry_axes(entry) and size % 128:
+            raise ValueError(
+                f"te_jax.gemm: a {mode.name} operand's {what} is split into shards of {size}, "
+                "not a multiple of its 128-element blocks: a block would straddle two shards; "
+                "split it over fewer devices or use sizes whose shards are multiples of 128"
+            )
+    want = block_scale_shape(mode, rows, k)
+
+    def cut(si):
+        r0 = _shard_index(mesh, row_entry) * rows
+        k0 = _shard_index(mesh, k_entry) * k
+        kb = -(-k // 128)
+        if mode == GemmScaleMode.BLOCK_1D:  # (K blocks, rows)
+            starts, sizes = (k0 // 128, r0), (kb, rows)
+        else:  # (row tiles, K tiles)
+            starts, sizes = (r0 // 128, k0 // 128), (-(-rows // 128), kb)
+        piece = lax.dynamic_slice(si, starts, sizes)
+        return jnp.pad(piece, ((0, 0), (0, want[1] - sizes[1])))
+
+    return cut
 
 
 def _free_each(entries, used: set[str]) -> list:
