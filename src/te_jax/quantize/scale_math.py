@@ -127,6 +127,7 @@ class BlockScaleOptions:
 
 
 _MANTISSA_OFF = np.uint32(0xFF800000)  # sign and exponent bits of a float32
+_SIG_1_75 = 0xE00000  # the significand of 1.75 (448 and 57344, E4M3's and E5M2's largest)
 
 
 def fp8_block_scale(amax_b: jax.Array, q_max: float, options: BlockScaleOptions) -> jax.Array:
@@ -142,10 +143,19 @@ def fp8_block_scale(amax_b: jax.Array, q_max: float, options: BlockScaleOptions)
     # bits, NaN above all): a float max reads a subnormal amax as 0 where denormals are zero.
     a_bits, eps_bits = ieee.bits(a), np.uint32(eps.view(np.uint32))
     a = ieee.from_bits(jnp.where(a_bits < eps_bits, eps_bits, a_bits))
-    s = ieee.div(np.float32(q_max), a)  # a native division is not exact on every backend
-    s = jnp.where(jnp.isinf(s), _F32_MAX, s)
-    if options.power_2_scale:
-        u = jax.lax.bitcast_convert_type(s, jnp.uint32) & _MANTISSA_OFF
-        s = jax.lax.bitcast_convert_type(u, jnp.float32)
+    if options.power_2_scale and _significand_exponent(float(q_max))[0] == _SIG_1_75:
+        # Q = 1.75 · 2^q (E4M3, E5M2): RN(Q / a) never rounds up to a power of two (the
+        # quotient's significand 1.75 / m_a is at most 1.75, or below 1 by more than 2^-24,
+        # half an ulp there being 2^-25), so 2^floor(log2 RN(Q / a)) = 2^-e with MXFP8's exact
+        # e = ceil(log2(a / Q)); its clamp to [-127, 127] gives the overflow's 2^127. No
+        # division.
+        e = mxfp8_exponent(a, q_max)
+        s = jax.lax.bitcast_convert_type((127 - e) << 23, jnp.float32)
+    else:
+        s = ieee.div(np.float32(q_max), a)  # a native division is not exact on every backend
+        s = jnp.where(jnp.isinf(s), _F32_MAX, s)
+        if options.power_2_scale:
+            u = jax.lax.bitcast_convert_type(s, jnp.uint32) & _MANTISSA_OFF
+            s = jax.lax.bitcast_convert_type(u, jnp.float32)
     degenerate = ieee.is_zero(a) | jnp.isinf(a) | jnp.isnan(a)
     return jnp.where(degenerate, jnp.float32(1.0), s)
