@@ -389,8 +389,9 @@ class Float8BlockScaling(Recipe):
     Each block's ``scale = Q / max(amax_b, amax_epsilon)`` (a power of two by default), the
     data ``q = sat(y · scale)``; the copies the backward GEMMs read are quantized from the
     high-precision tensor (1D blocks run along each GEMM's contracting dimension). Any shape:
-    blocks at the edges are partial. No state. te_jax's GEMM multiplies the dequantized
-    operands (``gemm_operands = "dequantized"``) until its cuBLASLt block-scaled GEMM exists.
+    blocks at the edges are partial. No state. te_jax's GEMMs take the codes and block scales
+    (``gemm_operands = "block_codes"``): cuBLASLt's block-scaled FP8 GEMM on CUDA, the product
+    of the block-dequantized operands in float32 elsewhere (docs/numerics.md §8).
 
     Args:
       fp8_format: ``"E4M3"`` (the default) or ``"HYBRID"`` (E5M2 gradient).

@@ -681,11 +681,13 @@ def wgrad(cfg: DenseConfig, res: Residuals, v: GemmViews, dh):
 
 def _wgrad_dtype(cfg: DenseConfig, qs: QuantizerSet | None):
     """The wgrad GEMM's output dtype: the operands' unquantized; the kernel's own where the GEMM
-    multiplies FP8 codes (no cast pass behind it); the compute dtype where it multiplies
-    dequantized operands (MXFP8 without an MXFP8 GEMM: a float32 GEMM would be slower)."""
+    multiplies FP8 codes, per tensor or in blocks (no cast pass behind it); the compute dtype
+    where it multiplies dequantized operands (MXFP8 without an MXFP8 GEMM: a float32 GEMM would
+    be slower)."""
     if qs is None:
         return None
-    return cfg.kernel_dtype if qs.scaling_mode.impl.gemm_operands == "codes" else cfg.dtype
+    codes = qs.scaling_mode.impl.gemm_operands in ("codes", "block_codes")
+    return cfg.kernel_dtype if codes else cfg.dtype
 
 
 def _next_set(res: Residuals, dh):

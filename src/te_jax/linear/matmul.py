@@ -18,16 +18,23 @@ It owns what a quantized operand means for the GEMM, which its scaling mode stat
   cuBLASLt's FP8 GEMM cannot take run the primitive's one float32 fallback.
 * ``"dequantized"`` (MXFP8 without an MXFP8 GEMM): the same copies, dequantized exactly in the
   output dtype (an MXFP8 value is an E4M3 / E5M2 number times a power of two), multiplied there.
+* ``"block_codes"`` (blockwise FP8): the same copies as ``"codes"``, each viewed as the
+  ``[R, C]`` matrix its block scales describe, to the block-scaled FP8 GEMM
+  (``GemmScaleMode.BLOCK_1D`` / ``BLOCK_2D``) where those views are the GEMM's operands
+  (free axes × contracted axes, unbatched, not two 128×128-scaled operands); else as
+  ``"dequantized"``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 
-from te_jax.primitives.gemm import GemmEpilogue, GemmResult, bind_gemm
+from te_jax.primitives.gemm import GemmEpilogue, GemmResult, GemmScaleMode, bind_gemm
+from te_jax.primitives.gemm.checks import block_scale_shape
 from te_jax.quantize.scaled_tensor import ScaledTensor
 
 __all__ = ["matmul"]
@@ -118,6 +125,42 @@ def matmul(
             split_accumulator=split_accumulator,
             **opts,
         )
+    if quantized and lhs.scaling_mode.impl.gemm_operands == "block_codes":
+        lhs_tn = _free_first(lhs_shape, k_ndim, lhs_contracts_leading)
+        rhs_tn = _free_first(rhs_shape, k_ndim, not rhs_contracts_trailing)
+        blocks = [
+            _block_codes(t, copy, shape, k_ndim)
+            for t, copy, shape in zip((lhs, rhs), copies, (lhs_tn, rhs_tn), strict=True)
+        ]
+        modes = tuple(b[2] for b in blocks if b is not None)
+        if len(modes) == 2 and modes != (GemmScaleMode.BLOCK_2D,) * 2:
+            (l_data, l_sinv, _), (r_data, r_sinv, _) = blocks
+            out_dtype = lhs.dq_dtype if out_dtype is None else out_dtype
+            n_shape = rhs_tn[: len(rhs_tn) - k_ndim]
+            flat = dict(opts, k_ndim=1, n_ndim=1)
+            if bias is not None:
+                flat["bias"] = bias.reshape(-1)
+            for name in ("aux", "addend"):
+                if opts[name] is not None:
+                    flat[name] = opts[name].reshape(l_data.shape[0], r_data.shape[0])
+            r = bind_gemm(
+                l_data,
+                r_data,
+                lhs_scale_inv=l_sinv,
+                rhs_scale_inv=r_sinv,
+                rhs_trans=True,
+                out_dtype=out_dtype,
+                split_accumulator=split_accumulator,
+                lhs_scale_mode=modes[0],
+                rhs_scale_mode=modes[1],
+                **flat,
+            )
+            out_shape = lhs_tn[: len(lhs_tn) - k_ndim] + n_shape
+            return GemmResult(
+                r.out.reshape(out_shape),
+                None if r.aux is None else r.aux.reshape(out_shape),
+                None if r.dbias is None else r.dbias.reshape(n_shape),
+            )
     if quantized:  # "dequantized": each copy exactly in the output dtype, in its logical layout
         out_dtype = lhs.dq_dtype if out_dtype is None else out_dtype
         lhs = lhs.dequantize(copies[0], out_dtype)
@@ -147,3 +190,23 @@ def _codes(st: ScaledTensor, copy: str, shape: tuple):
             f"({st.q_layout.name}) does not have: quantize it with a q_layout that has it"
         )
     return data.reshape(shape), jnp.asarray(sinv, jnp.float32).reshape(1)
+
+
+def _block_codes(st: ScaledTensor, copy: str, shape: tuple, k_ndim: int):
+    """A blockwise operand's ``copy`` as the GEMM's ``(rows, K)`` matrix (``shape``: its free
+    axes, then its ``k_ndim`` contracted ones), its block scales and ``GemmScaleMode``; ``None``
+    where the copy's blocks are not the GEMM operand's (another grouping of the axes, a batch)."""
+    data = st.data if copy == "rowwise" else st.colwise_data
+    sinv = st.scale_inv if copy == "rowwise" else st.colwise_scale_inv
+    if data is None or sinv is None or sinv.ndim != 2:
+        return None
+    mode = GemmScaleMode(st.scaling_mode.impl.block_dims)
+    rows = math.prod(shape[: len(shape) - k_ndim])
+    k = math.prod(shape[len(shape) - k_ndim :])
+    # The copy's blocked columns C: the features (rowwise) or the leading axes (colwise, stored
+    # features first); its blocks are the GEMM's where C is the GEMM's K.
+    nf = st.n_feature_axes
+    cols = math.prod(data.shape[-nf:] if copy == "rowwise" else data.shape[nf:])
+    if cols != k or tuple(sinv.shape) != block_scale_shape(mode, rows, k):
+        return None
+    return data.reshape(rows, k), sinv, mode

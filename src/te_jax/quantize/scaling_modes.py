@@ -166,7 +166,9 @@ class ScalingModeImpl:
         tensors: ``"codes"`` (the quantized data and its per-tensor ``scale_inv`` go to the FP8
         GEMM, each operand in the "TN" form its colwise copy stores), ``"dequantized"`` (each
         copy dequantized exactly in the compute dtype and multiplied there: MXFP8 without an
-        MXFP8 GEMM), or ``None`` (no GEMM takes it).
+        MXFP8 GEMM), ``"block_codes"`` (the codes and their block scales go to the block-scaled
+        FP8 GEMM where each copy's ``[R, C]`` is the GEMM operand's own, else as
+        ``"dequantized"``), or ``None`` (no GEMM takes it).
       gemm_folds_rows: the GEMM's rows are one axis (block scaling: a colwise block runs down
         one row axis, so a tensor's leading axes are folded before it is quantized).
       partial_blocks: any shape is taken, the blocks at the end of an axis covering what is
@@ -653,7 +655,7 @@ class _Float8BlockScaling(ScalingModeImpl):
     q_dtypes = (formats.E4M3, formats.E5M2)
     block_size = 128
     block_scale_dtype = _F32
-    gemm_operands = "dequantized"
+    gemm_operands = "block_codes"
     gemm_folds_rows = True
     partial_blocks = True
     kernel_backends = frozenset()
