@@ -945,22 +945,24 @@ def test_gemm_config_is_the_only_parameter(rng, monkeypatch):
     assert _bound_config(lhs, rhs, rhs_trans=True).deterministic is False
 
 
-def test_enum_matches_the_cpp_declaration():
-    """ffi/gemm/problem.h's ``enum class GemmEpilogue``: the same members and values (names
-    compared without a ``k`` prefix, underscores and case)."""
+@pytest.mark.parametrize("enum", [GemmEpilogue, gemm_mod.GemmScaleMode], ids=lambda e: e.__name__)
+def test_enum_matches_the_cpp_declaration(enum):
+    """ffi/gemm/problem.h's ``enum class GemmEpilogue`` / ``GemmScaleMode``: the same members and
+    values (names compared without a ``k`` prefix, underscores and case)."""
     ffi_dir = os.path.join(os.path.dirname(__file__), "..", "ffi")
+    name = enum.__name__
     headers = [
         p
         for p in sorted(glob.glob(os.path.join(ffi_dir, "gemm", "**", "*.h"), recursive=True))
-        if re.search(r"enum class GemmEpilogue\b", open(p).read())
+        if re.search(rf"enum class {name}\b", open(p).read())
     ]
-    assert headers, "no ffi/gemm header declares enum class GemmEpilogue"
+    assert headers, f"no ffi/gemm header declares enum class {name}"
 
     def norm(name):
         return re.sub(r"^k(?=[A-Z])", "", name).replace("_", "").upper()
 
-    cpp = cpp_enum(os.path.relpath(headers[0], ffi_dir), "GemmEpilogue")
-    assert {norm(k): v for k, v in cpp.items()} == {norm(e.name): int(e) for e in GemmEpilogue}
+    cpp = cpp_enum(os.path.relpath(headers[0], ffi_dir), name)
+    assert {norm(k): v for k, v in cpp.items()} == {norm(e.name): int(e) for e in enum}
 
 
 # ---- the kernel path's FFI buffers, against an emulator of the contract -------------------------
