@@ -24,7 +24,8 @@ from jax.sharding import PartitionSpec as P
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from helpers import hlo_collectives, sharded_devices  # noqa: E402
-from te_jax.primitives.gemm import GemmEpilogue, bind_gemm  # noqa: E402
+from te_jax.primitives.gemm import GemmEpilogue, GemmScaleMode, bind_gemm  # noqa: E402
+from te_jax.primitives.gemm.checks import block_scale_shape  # noqa: E402
 from te_jax.quantize import formats  # noqa: E402
 
 DEVICES = sharded_devices(8)
@@ -250,6 +251,24 @@ def test_uneven_split_is_refused(rng):
         jax.jit(f)(lhs, rhs)
 
 
+BLOCK_MODES = (GemmScaleMode.BLOCK_1D, GemmScaleMode.BLOCK_2D)  # x's 1x128, a kernel's 128x128
+
+
+def _block_gemm(lhs, rhs, sl, sr):
+    """The block-scaled FP8 GEMM of lhs (M, K) and rhs stored (N, K), float32 out."""
+    out = bind_gemm(
+        lhs,
+        rhs,
+        lhs_scale_inv=sl,
+        rhs_scale_inv=sr,
+        rhs_trans=True,
+        out_dtype=jnp.float32,
+        lhs_scale_mode=BLOCK_MODES[0],
+        rhs_scale_mode=BLOCK_MODES[1],
+    ).out
+    return (out,)
+
+
 @pytest.mark.parametrize(
     "lhs_spec, rhs_spec",
     [
@@ -262,35 +281,17 @@ def test_uneven_split_is_refused(rng):
 def test_block_scaled_operands_take_their_shards_scales(lhs_spec, rhs_spec, rng):
     """Each shard multiplies its blocks by its own block scales (cut from the whole layout and
     re-padded): the unsharded product, within float32 accumulation where K is split."""
-    from te_jax.primitives.gemm import GemmScaleMode
-    from te_jax.primitives.gemm.checks import block_scale_shape
-
     m, k, n = 260, 512, 1024
-    modes = (GemmScaleMode.BLOCK_1D, GemmScaleMode.BLOCK_2D)
     lhs = jnp.asarray(rng.normal(size=(m, k)), jnp.float32).astype(formats.E4M3)
     rhs = jnp.asarray(rng.normal(size=(n, k)), jnp.float32).astype(formats.E4M3)
     sl, sr = (
         jnp.asarray(rng.uniform(0.5, 2, size=block_scale_shape(mode, rows, k)), jnp.float32)
-        for mode, rows in zip(modes, (m, n), strict=True)
+        for mode, rows in zip(BLOCK_MODES, (m, n), strict=True)
     )
 
-    def gemm(lhs, rhs, sl, sr):
-        return (
-            bind_gemm(
-                lhs,
-                rhs,
-                lhs_scale_inv=sl,
-                rhs_scale_inv=sr,
-                rhs_trans=True,
-                out_dtype=jnp.float32,
-                lhs_scale_mode=modes[0],
-                rhs_scale_mode=modes[1],
-            ).out,
-        )
-
-    (want,) = jax.jit(gemm)(lhs, rhs, sl, sr)
+    (want,) = jax.jit(_block_gemm)(lhs, rhs, sl, sr)
     specs = (lhs_spec, rhs_spec, P(None, None), P(None, None))
-    _, (got,) = _run(MESH_2D, specs, (P(None, None),), gemm, lhs, rhs, sl, sr)
+    _, (got,) = _run(MESH_2D, specs, (P(None, None),), _block_gemm, lhs, rhs, sl, sr)
     if lhs_spec[1] is None:
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     else:  # partial products reduced: float32 accumulation in another order
@@ -300,32 +301,14 @@ def test_block_scaled_operands_take_their_shards_scales(lhs_spec, rhs_spec, rng)
 
 
 def test_block_scaled_split_must_leave_whole_blocks(rng):
-    from te_jax.primitives.gemm import GemmScaleMode
-    from te_jax.primitives.gemm.checks import block_scale_shape
-
     m, k, n = 128, 256, 256  # the 2D rhs's rows split 8 ways: 32-row shards
-    modes = (GemmScaleMode.BLOCK_1D, GemmScaleMode.BLOCK_2D)
     lhs = jnp.ones((m, k), formats.E4M3)
     rhs = jnp.ones((n, k), formats.E4M3)
     sl, sr = (
         jnp.ones(block_scale_shape(md, r, k), jnp.float32)
-        for md, r in zip(modes, (m, n), strict=True)
+        for md, r in zip(BLOCK_MODES, (m, n), strict=True)
     )
-
-    def gemm(lhs, rhs, sl, sr):
-        return (
-            bind_gemm(
-                lhs,
-                rhs,
-                lhs_scale_inv=sl,
-                rhs_scale_inv=sr,
-                rhs_trans=True,
-                out_dtype=jnp.float32,
-                lhs_scale_mode=modes[0],
-                rhs_scale_mode=modes[1],
-            ).out,
-        )
 
     specs = (P(None, None), P(("data", "tensor"), None), P(None, None), P(None, None))
     with pytest.raises(Exception, match="not a multiple of its 128-element blocks"):
-        _run(MESH_2D, specs, (P(None, None),), gemm, lhs, rhs, sl, sr)
+        _run(MESH_2D, specs, (P(None, None),), _block_gemm, lhs, rhs, sl, sr)

@@ -106,36 +106,30 @@ def matmul(
         n_ndim=n_ndim,
     )
     copies = _operand_copy(lhs_contracts_leading), _operand_copy(not rhs_contracts_trailing)
-    if quantized and lhs.scaling_mode.impl.gemm_operands == "codes":
+    route = lhs.scaling_mode.impl.gemm_operands if quantized else None
+    if route in ("codes", "block_codes"):
         # The TN form: each copy holds its free axes first, then the contracted ones.
         lhs_tn = _free_first(lhs_shape, k_ndim, lhs_contracts_leading)
         rhs_tn = _free_first(rhs_shape, k_ndim, not rhs_contracts_trailing)
-        (l_data, l_sinv), (r_data, r_sinv) = (
-            _codes(t, copy, shape)
-            for t, copy, shape in zip((lhs, rhs), copies, (lhs_tn, rhs_tn), strict=True)
-        )
+        tn = (lhs_tn, rhs_tn)
         out_dtype = lhs.dq_dtype if out_dtype is None else out_dtype
-        return bind_gemm(
-            l_data,
-            r_data,
-            lhs_scale_inv=l_sinv,
-            rhs_scale_inv=r_sinv,
-            rhs_trans=True,
-            out_dtype=out_dtype,
-            split_accumulator=split_accumulator,
-            **opts,
+        codes = dict(rhs_trans=True, out_dtype=out_dtype, split_accumulator=split_accumulator)
+    if route == "codes":
+        (l_data, l_sinv), (r_data, r_sinv) = (
+            _codes(t, copy, shape) for t, copy, shape in zip((lhs, rhs), copies, tn, strict=True)
         )
-    if quantized and lhs.scaling_mode.impl.gemm_operands == "block_codes":
-        lhs_tn = _free_first(lhs_shape, k_ndim, lhs_contracts_leading)
-        rhs_tn = _free_first(rhs_shape, k_ndim, not rhs_contracts_trailing)
+        return bind_gemm(
+            l_data, r_data, lhs_scale_inv=l_sinv, rhs_scale_inv=r_sinv, **codes, **opts
+        )
+    if route == "block_codes":
         blocks = [
             _block_codes(t, copy, shape, k_ndim)
-            for t, copy, shape in zip((lhs, rhs), copies, (lhs_tn, rhs_tn), strict=True)
+            for t, copy, shape in zip((lhs, rhs), copies, tn, strict=True)
         ]
         modes = tuple(b[2] for b in blocks if b is not None)
         if len(modes) == 2 and modes != (GemmScaleMode.BLOCK_2D,) * 2:
             (l_data, l_sinv, _), (r_data, r_sinv, _) = blocks
-            out_dtype = lhs.dq_dtype if out_dtype is None else out_dtype
+            # One K axis, one N axis: the copies' [R, C] matrices; the output takes its axes back.
             n_shape = rhs_tn[: len(rhs_tn) - k_ndim]
             flat = dict(opts, k_ndim=1, n_ndim=1)
             if bias is not None:
@@ -148,11 +142,9 @@ def matmul(
                 r_data,
                 lhs_scale_inv=l_sinv,
                 rhs_scale_inv=r_sinv,
-                rhs_trans=True,
-                out_dtype=out_dtype,
-                split_accumulator=split_accumulator,
                 lhs_scale_mode=modes[0],
                 rhs_scale_mode=modes[1],
+                **codes,
                 **flat,
             )
             out_shape = lhs_tn[: len(lhs_tn) - k_ndim] + n_shape
