@@ -190,7 +190,7 @@ inline ffi::Error decode_act_lu(
     ffi::AnyBuffer* out, ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv,
     ffi::AnyBuffer* colwise_scale_inv, ffi::AnyBuffer* amax_out, ffi::AnyBuffer* global_scale_inv,
     ActivationEnum act, ScalingMode mode, QuantizeLayout layout, const ActParams& params,
-    bool output_amax, const char* op) {
+    const BlockOptions& options, bool output_amax, const char* op) {
   using namespace detail;
   int act_len = 0;
   if (auto e = decode_act_input(op, p, x, act, params, act_len); e.failure()) return e;
@@ -198,7 +198,7 @@ inline ffi::Error decode_act_lu(
   const OutputBuffers b{scale, amax, *out, *colwise_out, *scale_inv, *colwise_scale_inv,
                         *amax_out, *global_scale_inv};
   return decode_quant_output(op, mode, layout, x.element_type(), p.rows, p.hidden, p.hidden, b,
-                             output_amax, p.y, p.amax, p.quantized, p.q);
+                             options, output_amax, p.y, p.amax, p.quantized, p.q);
 }
 
 // te_jax_dact_dbias_quantize.
@@ -207,7 +207,8 @@ inline ffi::Error decode_dact_dbias(
     ffi::AnyBuffer* out, ffi::AnyBuffer* colwise_out, ffi::AnyBuffer* scale_inv,
     ffi::AnyBuffer* colwise_scale_inv, ffi::AnyBuffer* amax_out, ffi::AnyBuffer* global_scale_inv,
     ffi::AnyBuffer* dbias, ffi::AnyBuffer* workspace, ScalingMode mode, ActivationEnum act,
-    QuantizeLayout layout, bool is_dbias, const ActParams& params, bool output_amax) {
+    QuantizeLayout layout, bool is_dbias, const ActParams& params, const BlockOptions& options,
+    bool output_amax) {
   constexpr const char* op = "te_jax_dact_dbias_quantize";
   using namespace detail;
   if (auto e = decode_dact_input(op, p, dz, x, dbias, workspace, act, is_dbias, params);
@@ -222,8 +223,8 @@ inline ffi::Error decode_dact_dbias(
   const OutputBuffers b{scale, amax, *out, *colwise_out, *scale_inv, *colwise_scale_inv,
                         *amax_out, *global_scale_inv};
   if (auto e = decode_quant_output(op, mode, layout, x.element_type(), p.rows,
-                                   p.act_len * p.hidden, p.hidden, b, output_amax, p.dx, p.amax,
-                                   p.quantized, p.q);
+                                   p.act_len * p.hidden, p.hidden, b, options, output_amax, p.dx,
+                                   p.amax, p.quantized, p.q);
       e.failure()) {
     return e;
   }

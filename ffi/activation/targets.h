@@ -83,6 +83,8 @@ struct ActLu {
         .template Attr<ScalingMode>("scaling_mode")
         .template Attr<QuantizeLayout>("quantize_layout")
         .template Attr<ActParams>("act_params")
+        .template Attr<bool>("power_2_scale")
+        .template Attr<float>("amax_epsilon")
         .template Attr<bool>("output_amax");
   }
 
@@ -91,11 +93,13 @@ struct ActLu {
                          ffi::AnyBuffer amax, Ret out, Ret colwise_out, Ret scale_inv,
                          Ret colwise_scale_inv, Ret amax_out, Ret global_scale_inv,
                          ActivationEnum act_enum, ScalingMode scaling_mode,
-                         QuantizeLayout quantize_layout, ActParams act_params, bool output_amax) {
+                         QuantizeLayout quantize_layout, ActParams act_params,
+                         bool power_2_scale, float amax_epsilon, bool output_amax) {
     ActLuProblem p;
     if (auto e = decode_act_lu(p, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
                                &*colwise_scale_inv, &*amax_out, &*global_scale_inv, act_enum,
-                               scaling_mode, quantize_layout, act_params, output_amax, kName);
+                               scaling_mode, quantize_layout, act_params,
+                               BlockOptions{power_2_scale, amax_epsilon}, output_amax, kName);
         e.failure()) {
       return e;
     }
@@ -121,6 +125,8 @@ struct DActLuDBiasQuantize {
         .template Attr<QuantizeLayout>("quantize_layout")
         .template Attr<bool>("is_dbias")
         .template Attr<ActParams>("act_params")
+        .template Attr<bool>("power_2_scale")
+        .template Attr<float>("amax_epsilon")
         .template Attr<bool>("output_amax");
   }
 
@@ -131,12 +137,13 @@ struct DActLuDBiasQuantize {
                          Ret global_scale_inv, Ret dbias, Ret workspace,
                          ScalingMode scaling_mode, ActivationEnum act_enum,
                          QuantizeLayout quantize_layout, bool is_dbias, ActParams act_params,
-                         bool output_amax) {
+                         bool power_2_scale, float amax_epsilon, bool output_amax) {
     DActProblem p;
     if (auto e = decode_dact_dbias(p, dz, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
                                    &*colwise_scale_inv, &*amax_out, &*global_scale_inv, &*dbias,
                                    &*workspace, scaling_mode, act_enum, quantize_layout,
-                                   is_dbias, act_params, output_amax);
+                                   is_dbias, act_params, BlockOptions{power_2_scale, amax_epsilon},
+                                   output_amax);
         e.failure()) {
       return e;
     }
@@ -153,6 +160,8 @@ struct Quantize {
     return bind_x_scale_amax<S, Context>()
         .template Attr<ScalingMode>("scaling_mode")
         .template Attr<QuantizeLayout>("quantize_layout")
+        .template Attr<bool>("power_2_scale")
+        .template Attr<float>("amax_epsilon")
         .template Attr<bool>("output_amax");
   }
 
@@ -161,12 +170,13 @@ struct Quantize {
                          ffi::AnyBuffer amax, Ret out, Ret colwise_out, Ret scale_inv,
                          Ret colwise_scale_inv, Ret amax_out, Ret global_scale_inv,
                          ScalingMode scaling_mode, QuantizeLayout quantize_layout,
-                         bool output_amax) {
+                         bool power_2_scale, float amax_epsilon, bool output_amax) {
     ActLuProblem p;
     if (auto e = decode_act_lu(p, x, scale, amax, &*out, &*colwise_out, &*scale_inv,
                                &*colwise_scale_inv, &*amax_out, &*global_scale_inv,
                                ActivationEnum::IDENTITY, scaling_mode, quantize_layout,
-                               ActParams{}, output_amax, kName);
+                               ActParams{}, BlockOptions{power_2_scale, amax_epsilon},
+                               output_amax, kName);
         e.failure()) {
       return e;
     }

@@ -481,4 +481,29 @@ TE_HD float scale_from_amax(float amax, float numerator) {
   return (bb::of(s) & 0x7fffffffu) == 0x7f800000u ? 0x1.fffffep127f : s;
 }
 
+// ---- blockwise FP8 scales (docs/numerics.md §4) ----------------------------------------------
+
+// A block's scale and its inverse.
+struct BlockScale {
+  float scale;      // what the block's values are multiplied by before encoding
+  float scale_inv;  // RN(1 / scale): the stored scale
+};
+
+// Blockwise FP8's scale from the bits of the block's max|y| (`amax_bits`: |y|'s bits, a NaN above
+// inf), the format's max q and the recipe's options: a = max(amax, eps) compared as bits (an amax
+// is +0, positive or +NaN, which order as their bits; a float max would read a subnormal amax as 0
+// under DAZ); scale = RN(q / a), float32 max where that overflows; with power_2_scale its mantissa
+// bits cleared (2^floor(log2 scale)); scale = 1 where a is 0, inf or NaN. scale_inv = RN(1 /
+// scale), a power of two exactly when the scale is one (2^-127 subnormal included). Bit for bit
+// te_jax.quantize.scale_math.fp8_block_scale and the blockwise scale_inv.
+TE_HD BlockScale fp8_block_scale(uint32_t amax_bits, float q, uint32_t eps_bits, bool pow2) {
+  namespace bb = math::host::bits;
+  const uint32_t a = amax_bits < eps_bits ? eps_bits : amax_bits;
+  if (a == 0u || a >= 0x7f800000u) return {1.0f, 1.0f};
+  float s = div_rn(q, bb::to_float(a));
+  if (bb::of(s) == 0x7f800000u) s = 0x1.fffffep127f;
+  if (pow2) s = bb::to_float(bb::of(s) & 0xff800000u);
+  return {s, div_rn(1.0f, s)};
+}
+
 }  // namespace te_jax::fmt

@@ -11,6 +11,11 @@
 //                      element in the low nibble; block scales E4M3 [M, N/16] / [M/16, N]; the
 //                      global scale S; its inverse 1/S is the global_scale_inv output
 //                      (f32[batches])
+//   FP8_BLOCK_1D / 2D  per batch (Mb = M / batches rows): data fp8 [Mb, N]; colwise fp8 [N, Mb]
+//                      (the transpose); float32 scale_inv of each copy [R, C] (data: [Mb, N],
+//                      colwise: [N, Mb]) in cuBLASLt's layouts, zero-padded: 1D (1x128 blocks
+//                      along C) [ceil(C/128), round_up(R, 4)], 2D (128x128) [ceil(R/128),
+//                      round_up(ceil(C/128), 4)]; any M and N (the last blocks are partial)
 // Inputs scale and amax, f32[batches]: DELAYED reads `scale`; CURRENT and NVFP4 read `amax`, the
 // (global) amax of their first pass, and derive the scale (fmt::scale_from_amax: Q / amax, resp.
 // 6 * 448 / amax), so no scale arithmetic is left to the caller. Every 1/scale is fmt::div_rn
@@ -19,7 +24,9 @@
 // Host decoding (the QuantOutput struct is also read by device code).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -46,6 +53,12 @@ struct QuantOutput {
   uint8_t* block_scale = nullptr;        // MXFP8 / NVFP4 rowwise block scales
   uint8_t* colwise_block_scale = nullptr;
   float* amax = nullptr;                 // [batches] max|y|
+  // FP8_BLOCK: float32 scale_inv of the two copies, the block shape and the recipe's options.
+  float* block_scale_f32 = nullptr;
+  float* colwise_block_scale_f32 = nullptr;
+  bool block_2d = false;        // 128x128 tiles (else 1x128 blocks)
+  bool power_2_scale = false;   // scales rounded down to powers of two
+  uint32_t amax_epsilon_bits = 0;  // the floor on each block's amax, as float32 bits
   bool rowwise() const { return data != nullptr; }
   bool colwise_out() const { return colwise != nullptr; }
   // The tensor scale of batch b (DELAYED, CURRENT, NVFP4).
@@ -59,6 +72,20 @@ struct OutputBuffers {
   ffi::AnyBuffer scale, amax_in, out, colwise_out, scale_inv, colwise_scale_inv, amax_out,
       global_scale_inv;
 };
+
+// Blockwise FP8's recipe options (the FFI attributes power_2_scale and amax_epsilon, which the
+// other modes ignore).
+struct BlockOptions {
+  bool power_2_scale = false;
+  float amax_epsilon = 0.0f;
+};
+
+// The float32 scales of a blockwise FP8 copy [r, c] (quant_output.h's top): their count.
+inline int64_t fp8_block_scale_count(bool block_2d, int64_t r, int64_t c) {
+  const auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const auto rup = [&](int64_t a, int64_t b) { return cdiv(a, b) * b; };
+  return block_2d ? cdiv(r, 128) * rup(cdiv(c, 128), 4) : cdiv(c, 128) * rup(r, 4);
+}
 
 namespace detail {
 
@@ -126,6 +153,36 @@ inline ffi::Error decode_block_scales(const char* op, const ScalingModeInfo& inf
   return ffi::Error::Success();
 }
 
+// Blockwise FP8's float32 scales of each copy (counts per fp8_block_scale_count, per batch), and
+// its options.
+inline ffi::Error decode_fp8_block_scales(const char* op, ScalingMode mode, const OutputBuffers& b,
+                                          int64_t m, int64_t n, int64_t batches, bool row,
+                                          bool col, const BlockOptions& options, QuantOutput& q) {
+  q.block_2d = mode == ScalingMode::FP8_BLOCK_2D_SCALING;
+  const int64_t mb = m / batches;
+  const size_t want_row = row ? batches * fp8_block_scale_count(q.block_2d, mb, n) : 0;
+  const size_t want_col = col ? batches * fp8_block_scale_count(q.block_2d, n, mb) : 0;
+  const auto ok = [](ffi::AnyBuffer s, size_t want) {
+    return s.element_count() == want && (want == 0 || s.element_type() == ffi::DataType::F32);
+  };
+  if (!ok(b.scale_inv, want_row)) {
+    return invalid(op, count_error("scale_inv (float32)", want_row, b.scale_inv));
+  }
+  if (!ok(b.colwise_scale_inv, want_col)) {
+    return invalid(op, count_error("colwise_scale_inv (float32)", want_col, b.colwise_scale_inv));
+  }
+  if (!(options.amax_epsilon >= 0.0f) || options.amax_epsilon == INFINITY) {
+    return invalid(op, "amax_epsilon must be a finite float >= 0");
+  }
+  if (row) q.block_scale_f32 = b.scale_inv.typed_data<float>();
+  if (col) q.colwise_block_scale_f32 = b.colwise_scale_inv.typed_data<float>();
+  q.power_2_scale = options.power_2_scale;
+  uint32_t eps_bits;
+  std::memcpy(&eps_bits, &options.amax_epsilon, sizeof(eps_bits));
+  q.amax_epsilon_bits = eps_bits;
+  return ffi::Error::Success();
+}
+
 }  // namespace detail
 
 // The outputs of an op whose output y is [m, n], made of rows of `unit`-column pieces that a
@@ -133,8 +190,9 @@ inline ffi::Error decode_block_scales(const char* op, const ScalingModeInfo& inf
 // NO_SCALING fills y / amax (the elementwise path); the scaled modes fill q and set quantized.
 inline ffi::Error decode_quant_output(const char* op, ScalingMode mode, QuantizeLayout layout,
                                       ffi::DataType x_type, int64_t m, int64_t n, int64_t unit,
-                                      const OutputBuffers& b, bool output_amax, void*& y,
-                                      float*& amax, bool& quantized, QuantOutput& q) {
+                                      const OutputBuffers& b, const BlockOptions& options,
+                                      bool output_amax, void*& y, float*& amax, bool& quantized,
+                                      QuantOutput& q) {
   using DT = ffi::DataType;
   if (b.scale.element_type() != DT::F32 || b.amax_out.element_type() != DT::F32 ||
       b.global_scale_inv.element_type() != DT::F32) {
@@ -212,6 +270,12 @@ inline ffi::Error decode_quant_output(const char* op, ScalingMode mode, Quantize
       return invalid(op, "tensor scaling shares scale_inv: colwise_scale_inv must be empty");
     }
     q.scale_inv = b.scale_inv.typed_data<float>();
+  } else if (info->emit == QuantEmit::FP8_BLOCK) {
+    if (auto e = detail::decode_fp8_block_scales(op, info->mode, b, m, n, q.batches, row, col,
+                                                 options, q);
+        e.failure()) {
+      return e;
+    }
   } else if (auto e = detail::decode_block_scales(op, *info, b, elems, unit, rows_per_batch, row,
                                                   col, q);
              e.failure()) {

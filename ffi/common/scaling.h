@@ -11,9 +11,7 @@
 
 namespace te_jax {
 
-// Values 0-4 follow TE's JAXX_Scaling_Mode; the blockwise FP8 modes are te_jax's own. A mode
-// without a kScalingModes row has no kernel yet: decoding rejects it (Python routes it to the
-// pure-JAX path, ScalingModeImpl.kernel_backends).
+// Values 0-4 follow TE's JAXX_Scaling_Mode; the blockwise FP8 modes are te_jax's own.
 enum class ScalingMode : int64_t {
   NO_SCALING = 0,
   DELAYED_TENSOR_SCALING = 1,
@@ -51,7 +49,7 @@ constexpr const QTypeInfo& qtype_info(QType t) { return kQTypes[static_cast<int>
 // What the generic path writes: the amax pass (first pass of CURRENT and NVFP4) only max|y|; the
 // scaled modes their codes and scales. DELAYED and CURRENT emit alike (TENSOR): they differ only in
 // where the scale comes from (QuantOutput::tensor_scale).
-enum class QuantEmit { AMAX_PASS, TENSOR, MXFP8, NVFP4 };
+enum class QuantEmit { AMAX_PASS, TENSOR, MXFP8, NVFP4, FP8_BLOCK };
 
 inline const char* quant_emit_name(QuantEmit e) {
   switch (e) {
@@ -59,6 +57,7 @@ inline const char* quant_emit_name(QuantEmit e) {
     case QuantEmit::TENSOR: return "TENSOR";
     case QuantEmit::MXFP8: return "MXFP8";
     case QuantEmit::NVFP4: return "NVFP4";
+    case QuantEmit::FP8_BLOCK: return "FP8_BLOCK";
   }
   return "?";
 }
@@ -109,6 +108,14 @@ inline constexpr ScalingModeInfo kScalingModes[] = {
     {ScalingMode::NVFP4_1D_SCALING, "NVFP4_1D_SCALING", true, QuantEmit::NVFP4, 16,
      {QType::E2M1, QType::E2M1}, 1, ::xla::ffi::DataType::F8E4M3FN, "float8_e4m3fn",
      BatchInput::AMAX, false, true, ScaleNumerator::NVFP4_GLOBAL},
+    // Blockwise FP8: float32 scales in cuBLASLt's layouts, any shape (partial blocks at the
+    // edges); the count of batches comes from `scale` (ones), as MXFP8's.
+    {ScalingMode::FP8_BLOCK_1D_SCALING, "FP8_BLOCK_1D_SCALING", true, QuantEmit::FP8_BLOCK, 128,
+     {QType::E4M3, QType::E5M2}, 2, ::xla::ffi::DataType::F32, "float32", BatchInput::NONE, false,
+     false, ScaleNumerator::NONE},
+    {ScalingMode::FP8_BLOCK_2D_SCALING, "FP8_BLOCK_2D_SCALING", true, QuantEmit::FP8_BLOCK, 128,
+     {QType::E4M3, QType::E5M2}, 2, ::xla::ffi::DataType::F32, "float32", BatchInput::NONE, false,
+     false, ScaleNumerator::NONE},
 };
 
 // The description of m, or nullptr for a value outside the enum.

@@ -24,4 +24,8 @@ void dact_dbias(const DActProblem& p, ::xla::ffi::ThreadPool* pool);
 void act_lu_quantized(const ActLuProblem& p, ::xla::ffi::ThreadPool* pool);
 void dact_dbias_quantized(const DActProblem& p, ::xla::ffi::ThreadPool* pool);
 
+// Blockwise FP8 (fp8_block.cc): problems with `quantized` set and q.emit == FP8_BLOCK.
+void act_lu_fp8_block(const ActLuProblem& p, ::xla::ffi::ThreadPool* pool);
+void dact_dbias_fp8_block(const DActProblem& p, ::xla::ffi::ThreadPool* pool);
+
 }  // namespace te_jax::cpu

@@ -99,6 +99,30 @@ constexpr int64_t kVec = 64;
 
 inline int64_t round_up_vec(int64_t n) { return round_up(n, kVec); }
 
+// Points at n contiguous inputs, or copies them zero-padded to a whole number of vector blocks
+// (padded_n elements) into buf, which has room for padded_n floats.
+template <typename T>
+const T* padded(const T* src, int64_t n, int64_t padded_n, float* buf) {
+  if (n == padded_n) return src;
+  T* dst = reinterpret_cast<T*>(buf);
+  std::copy(src, src + n, dst);
+  std::fill(dst + n, dst + padded_n, T{});
+  return dst;
+}
+
+// v = float(round_to_D(v)) for n values: what the NO_SCALING path would output.
+template <typename D>
+TE_JAX_LOOP void round_to_storage(float* __restrict v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = D::load(D::store(v[i]));
+}
+
+// The max |v| key (F32::abs_key) of n values.
+[[maybe_unused]] TE_JAX_LOOP int32_t max_abs_key(const float* __restrict v, int64_t n) {
+  int32_t key = 0;
+  for (int64_t i = 0; i < n; ++i) key = std::max(key, F32::abs_key(v[i]));
+  return key;
+}
+
 // Unrounded float32 results of n gathered elements (n % kVec == 0); b is unused when not gated.
 template <typename Spec, typename D>
 TE_JAX_LOOP void fwd_raw(const typename D::T* __restrict a,

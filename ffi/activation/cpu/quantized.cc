@@ -68,18 +68,6 @@ Tile& thread_tile() {
 
 // ---- vectorisable loops over one tile row or block ----------------------------------------
 
-// v = float(round_to_D(v)) for n values: what the NO_SCALING path would output.
-template <typename D>
-TE_JAX_LOOP void round_to_storage(float* __restrict v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = D::load(D::store(v[i]));
-}
-
-TE_JAX_LOOP int32_t max_abs_key(const float* __restrict v, int64_t n) {
-  int32_t key = 0;
-  for (int64_t i = 0; i < n; ++i) key = std::max(key, F32::abs_key(v[i]));
-  return key;
-}
-
 // out[i] = the low byte of v[i], i < n: the loops computing per-block values keep them on
 // 32-bit lanes (a byte store in the loop makes GCC narrow them; see encode.h).
 TE_HOST_INLINE void store_bytes(const uint32_t* __restrict v, uint8_t* __restrict out, int64_t n) {
@@ -314,16 +302,6 @@ struct Tasks {
   }
 };
 
-// Points at n contiguous inputs, or copies them zero-padded to a whole number of vector blocks.
-template <typename T>
-const T* padded(const T* src, int64_t n, int64_t padded_n, float* buf) {
-  if (n == padded_n) return src;
-  T* dst = reinterpret_cast<T*>(buf);
-  std::copy(src, src + n, dst);
-  std::fill(dst + n, dst + padded_n, T{});
-  return dst;
-}
-
 // act_lu: x [m, act_len, h] -> v[0].
 template <typename Spec, typename D>
 void produce_forward(const typename D::T* x, const Geometry& g, const ActParams& p, Tile& t) {
@@ -383,7 +361,8 @@ struct Emitter {
       case QuantEmit::TENSOR: tensor(t, L, n); break;
       case QuantEmit::MXFP8: mxfp8(t, L, n); break;
       case QuantEmit::NVFP4: nvfp4(t, L, n); break;
-      case QuantEmit::AMAX_PASS: break;
+      case QuantEmit::AMAX_PASS:
+      case QuantEmit::FP8_BLOCK: break;  // fp8_block.cc's
     }
     return key;
   }
@@ -579,6 +558,7 @@ void dact_generic(const DActProblem& p, ffi::ThreadPool* pool) {
 }  // namespace
 
 void act_lu_quantized(const ActLuProblem& p, ffi::ThreadPool* pool) {
+  if (p.q.emit == QuantEmit::FP8_BLOCK) return act_lu_fp8_block(p, pool);
   switch (p.dtype) {
     case DType::F32: act_lu_generic<F32>(p, pool); break;
     case DType::BF16: act_lu_generic<BF16>(p, pool); break;
@@ -587,6 +567,7 @@ void act_lu_quantized(const ActLuProblem& p, ffi::ThreadPool* pool) {
 }
 
 void dact_dbias_quantized(const DActProblem& p, ffi::ThreadPool* pool) {
+  if (p.q.emit == QuantEmit::FP8_BLOCK) return dact_dbias_fp8_block(p, pool);
   switch (p.dtype) {
     case DType::F32: dact_generic<F32>(p, pool); break;
     case DType::BF16: dact_generic<BF16>(p, pool); break;
