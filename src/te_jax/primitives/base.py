@@ -47,6 +47,18 @@ def act_params_attr(params: ActivationParams | None) -> dict:
     }
 
 
+def scale_options_attrs(options=None) -> dict:
+    """The ``power_2_scale`` and ``amax_epsilon`` attributes, which every call of the three
+    quantizing targets (``te_jax_act_lu``, ``te_jax_quantize``, ``te_jax_dact_dbias_quantize``)
+    passes: blockwise FP8's ``BlockScaleOptions`` (``QuantConfig.scale_options``), and False
+    and 0 for ``None`` (every other mode, and the unquantized calls, whose kernels ignore
+    them)."""
+    return dict(
+        power_2_scale=np.bool_(options is not None and options.power_2_scale),
+        amax_epsilon=np.float32(0.0 if options is None else options.amax_epsilon),
+    )
+
+
 def amax(y: jax.Array, batch_axes: int = 0) -> jax.Array:
     """``max|y|`` in float32 (NaN propagates), the ``output_amax`` result computed in JAX.
 

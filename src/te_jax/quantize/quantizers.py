@@ -96,13 +96,24 @@ class Quantizer:
         object.__setattr__(self, "q_layout", _normalize_layout(self.q_layout))
 
     @classmethod
-    def for_mode(cls, scaling_mode, q_dtype, q_layout, scale=None) -> Quantizer:
+    def for_mode(cls, scaling_mode, q_dtype, q_layout, scale=None, scale_options=None) -> Quantizer:
         """A quantizer of ``scaling_mode`` with this configuration (delayed scaling: with
-        ``scale`` as its state). Raises ValueError for a mode no quantizer has."""
+        ``scale`` as its state; blockwise FP8: with ``scale_options``, a
+        ``BlockScaleOptions``, else the quantizer's defaults). Raises ValueError for a mode no
+        quantizer has, and for ``scale_options`` given to a mode without options."""
         mode = ScalingMode(scaling_mode)
         if mode not in _BY_MODE:
             raise ValueError(f"{mode.name} has no quantizer (it does not quantize)")
-        return _BY_MODE[mode]._from_config(q_dtype, q_layout, scale)
+        q = _BY_MODE[mode]._from_config(q_dtype, q_layout, scale)
+        if scale_options is None:
+            return q
+        if q.scale_options is None:
+            raise ValueError(f"{mode.name} takes no scale_options, got {scale_options!r}")
+        return dataclasses.replace(
+            q,
+            power_2_scale=scale_options.power_2_scale,
+            amax_epsilon=scale_options.amax_epsilon,
+        )
 
     @classmethod
     def _from_config(cls, q_dtype, q_layout, scale) -> Quantizer:

@@ -147,11 +147,13 @@ def quantize_with_scale(
     scale: jax.Array | None = None,
     *,
     n_feature_axes: int = 1,
+    scale_options=None,
 ) -> ScaledTensor:
     """``quantize`` from a bare configuration instead of a quantizer (for primitive rules).
 
     ``scale`` (float32 ``()`` or ``(1,)``) is DELAYED's scale and is ignored by the other
-    modes, which derive their scales from ``y``.
+    modes, which derive their scales from ``y``. ``scale_options``: blockwise FP8's
+    ``BlockScaleOptions`` (``None``: the quantizer's defaults; the other modes take none).
     """
-    quantizer = Quantizer.for_mode(scaling_mode, q_dtype, q_layout, scale)
+    quantizer = Quantizer.for_mode(scaling_mode, q_dtype, q_layout, scale, scale_options)
     return quantize(y, quantizer, n_feature_axes=n_feature_axes)

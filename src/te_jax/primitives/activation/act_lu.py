@@ -43,6 +43,7 @@ def _kernel(x, act, params, output_amax):
         quantize_layout=np.int64(QuantizeLayout.ROWWISE),
         act_params=base.act_params_attr(params),
         output_amax=np.bool_(output_amax),
+        **base.scale_options_attrs(),
     )
     return [y, amax] if output_amax else [y]
 

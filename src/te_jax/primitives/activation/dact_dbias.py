@@ -79,6 +79,7 @@ def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_works
         is_dbias=np.bool_(is_dbias),
         act_params=base.act_params_attr(params),
         output_amax=np.bool_(output_amax),
+        **base.scale_options_attrs(),
     )
     outs = [dx]
     if is_dbias:

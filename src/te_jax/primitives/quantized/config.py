@@ -10,6 +10,7 @@ import numpy as np
 
 from te_jax.activation_types import ActivationType
 from te_jax.quantize.quantize_layout import QuantizeLayout
+from te_jax.quantize.scale_math import BlockScaleOptions
 from te_jax.quantize.scaling_modes import ScalingMode, ScalingModeImpl
 
 __all__ = ["OpKind", "QuantConfig"]
@@ -51,12 +52,18 @@ class OpKind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
-    """The static part of a quantizer: what the kernels and the shapes depend on."""
+    """The static part of a quantizer: what the kernels and the shapes depend on.
+
+    ``scale_options`` is the quantizer's ``scale_options`` (blockwise FP8's
+    ``BlockScaleOptions``: the FFI attributes ``power_2_scale`` and ``amax_epsilon``), ``None``
+    for the modes without options.
+    """
 
     mode: ScalingMode
     layout: QuantizeLayout
     q_dtype: np.dtype
     feature_axes: int = 1  # the standalone quantize's trailing axes folded into N
+    scale_options: BlockScaleOptions | None = None
 
     @classmethod
     def of(cls, quantizer) -> QuantConfig:
@@ -64,6 +71,7 @@ class QuantConfig:
             ScalingMode(quantizer.scaling_mode),
             QuantizeLayout(quantizer.q_layout),
             np.dtype(quantizer.q_dtype),
+            scale_options=quantizer.scale_options,
         )
 
     @property

@@ -37,10 +37,13 @@ def _act_attrs(act, params) -> dict:
 
 
 def _quant_attrs(cfg: QuantConfig) -> dict:
+    """The quantizing targets' attributes; ``power_2_scale`` and ``amax_epsilon`` are
+    blockwise FP8's options (False and 0 for the other modes)."""
     return dict(
         scaling_mode=cfg.spec.ffi_value,
         quantize_layout=np.int64(cfg.layout),
         output_amax=np.bool_(False),
+        **base.scale_options_attrs(cfg.scale_options),
     )
 
 

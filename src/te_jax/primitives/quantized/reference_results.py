@@ -33,6 +33,7 @@ def _reference_one(operands, scale, kind, act, params, cfg, is_dbias) -> list:
         cfg.q_dtype,
         scale.reshape(()),
         n_feature_axes=kind.n_feature_axes(act, cfg),
+        scale_options=cfg.scale_options,
     )
     per_tensor = cfg.spec.per_tensor_names()
     res = {"dbias": dbias}

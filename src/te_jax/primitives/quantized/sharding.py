@@ -61,17 +61,22 @@ def _partition(kind, act, params, cfg, is_dbias, batch_dims, mesh, arg_shapes, r
     x_shape = arg_shapes[-2].shape
     rank = len(x_shape)
     lead_axis = rank - _x_feature_ndim(kind, act, cfg) - 1
+    n_feat_y = kind.n_feature_axes(act, cfg)  # y's features: x's last n_feat_y axes
 
     def shards(entry):
         axes = base.mesh_axes([entry])
         return math.prod(mesh.shape[a] for a in axes) if axes else 1
 
+    # x's axes that give y's last axis, its innermost leading one, and all its leading resp.
+    # feature axes (outermost first), with their sizes.
     x_spec = cfg.spec.unsplit_for_blocks(
         cfg.layout,
         base.spec_of(arg_shapes[-2], rank),
         {
             "last": (rank - 1, x_shape[-1]),
             "lead": (lead_axis, x_shape[lead_axis]) if lead_axis >= batch_dims else None,
+            "leads": [(a, x_shape[a]) for a in range(batch_dims, lead_axis + 1)],
+            "feats": [(a, x_shape[a]) for a in range(rank - n_feat_y, rank)],
         },
         shards,
     )
