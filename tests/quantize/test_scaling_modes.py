@@ -118,3 +118,36 @@ def test_ffi_results_follow_the_contract():
     ]
     nvfp4 = [(r.shape, np.dtype(r.dtype)) for r in NVFP4BlockScaling().ffi_results(g, RC, E2M1)]
     assert nvfp4[2:] == [((128, 2), E4M3), ((8, 32), E4M3), ((0,), f32), ((2,), f32)]
+    # Blockwise FP8: the codes as delayed scaling's, each copy's float32 scales (cuBLASLt's
+    # layout, per batch element) as (B * rows, cols).
+    assert shapes(ScalingMode.FP8_BLOCK_1D_SCALING) == [
+        ((128, 32), E5M2),
+        ((2, 32, 64), E5M2),
+        ((2, 64), f32),  # (ceil(32/128), round_up(64, 4)) per element
+        ((2, 32), f32),  # (ceil(64/128), round_up(32, 4))
+        ((0,), f32),
+        ((0,), f32),
+    ]
+    assert shapes(ScalingMode.FP8_BLOCK_2D_SCALING)[2:4] == [((2, 4), f32), ((2, 4), f32)]
+
+
+@pytest.mark.parametrize("mode", QUANTIZING, ids=lambda m: m.name)
+@pytest.mark.parametrize(("shape", "nf"), [((3, 4, 64, 96), 1), ((5, 130, 2, 70), 2)])
+def test_ffi_buffers_hold_the_results(mode, shape, nf):
+    """Each quantized result the kernel writes is its FFI buffer reshaped
+    (primitives/quantized/local.py): the same element count and dtype, for batched tensors of every layout (blockwise FP8 with odd
+    rows and features too)."""
+    if not mode.impl.partial_blocks and nf == 2:
+        shape = (5, 128, 2, 64)
+    g = Geometry.of(shape, nf, 1)
+    for layout in QuantizeLayout:
+        q_dtype = mode.impl.q_dtypes[0]
+        results = mode.impl.shapes(g, layout, q_dtype)
+        buffers = mode.impl.fields_of_ffi_results(mode.impl.ffi_results(g, layout, q_dtype))
+        for name, want in results.items():
+            if name == "amax" and not mode.impl.kernel_writes_amax:
+                continue  # the two-pass modes' amax comes from their first pass
+            got = buffers[name]
+            assert np.prod(got.shape) == np.prod(want.shape), (layout, name, got, want)
+            assert np.dtype(got.dtype) == np.dtype(want.dtype), (layout, name)
+

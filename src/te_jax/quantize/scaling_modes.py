@@ -175,7 +175,8 @@ class ScalingModeImpl:
         left (blockwise FP8); otherwise the blocked axes must be multiples of the block.
       kernel_backends: the backends (``jax.default_backend()`` names) whose te_jax kernels
         quantize in this mode, ``None`` for every backend te_jax builds; elsewhere its ops take
-        the pure-JAX path (``te_jax.dispatch.decide``).
+        the pure-JAX path (``te_jax.dispatch.decide``). ``kernel_backends_for`` narrows it per
+        call.
     """
 
     mode: ClassVar[ScalingMode]
@@ -296,6 +297,13 @@ class ScalingModeImpl:
     def check_kernel_shape(self, op: str, shape: tuple) -> None:
         """Raises ``ValueError`` when the kernels cannot take data of ``shape`` (trace time)."""
 
+    def kernel_backends_for(self, y_shape: tuple, gated_dact: bool = False):
+        """The backends whose kernels take this call (``None``: every backend te_jax builds),
+        the ``backends`` of ``te_jax.dispatch.decide``: ``kernel_backends`` unless a backend's
+        kernel cannot take this output. ``y_shape``: the op's output (unbatched);
+        ``gated_dact``: a dact of a gated activation (``y`` is ``(..., 2, H)``)."""
+        return self.kernel_backends
+
     # --- sharding -----------------------------------------------------------------------------
 
     def result_specs(self, layout, bspec: list, lspec: list, fspec: list) -> dict:
@@ -320,8 +328,9 @@ class ScalingModeImpl:
 
     def unsplit_for_blocks(self, layout, x_spec: list, extents: dict, shards) -> list:
         """``x_spec`` with the axes unsplit whose shards a block would straddle (``extents``:
-        ``{"last": (axis, size), "lead": (axis, size) or None}``; ``shards(entry)`` counts the
-        shards of a PartitionSpec entry)."""
+        x's axes as ``(axis, size)``: ``"last"`` gives y's last axis, ``"lead"`` its innermost
+        leading one (or ``None``), ``"leads"`` / ``"feats"`` all its leading / feature axes,
+        outermost first; ``shards(entry)`` counts the shards of a PartitionSpec entry)."""
         return x_spec
 
     # --- arithmetic ---------------------------------------------------------------------------
@@ -658,7 +667,7 @@ class _Float8BlockScaling(ScalingModeImpl):
     gemm_operands = "block_codes"
     gemm_folds_rows = True
     partial_blocks = True
-    kernel_backends = frozenset()
+    kernel_backends = None
     block_dims: ClassVar[int]  # 1: 1×128 blocks, 2: 128×128 tiles
 
     def scale_names(self, layout):
@@ -666,23 +675,163 @@ class _Float8BlockScaling(ScalingModeImpl):
             ("colwise_scale_inv",) if layout.has_colwise else ()
         )
 
+    def kernel_backends_for(self, y_shape, gated_dact=False):
+        # The CUDA kernel of a gated dact takes the halves of (..., 2, H) in 128-column tiles:
+        # H must be a multiple of 128 there. The CPU kernel takes every shape.
+        if gated_dact and y_shape[-1] % self.block_size:
+            return frozenset({"cpu"})
+        return self.kernel_backends
+
+    # --- the scale layouts (class doc) as two axes per copy -----------------------------------
+    # A copy [R, C] stores its scales as two axes, each given by R or C as one of three kinds:
+    # "blocks" (ceil(X/128)), "pad" (round_up(X, 4)) or "padded_blocks" (round_up(ceil(X/128),
+    # 4)). The same arrangement gives the shapes, the PartitionSpecs and the Shardy factors.
+    _SCALE_KINDS = ("blocks", "pad", "padded_blocks")
+
+    def _scale_axes(self, r: dict, c: dict) -> list:
+        """The two scale axes of a copy ``[R, C]`` from the entries (sizes, PartitionSpec
+        entries, factors) that ``R`` and ``C`` give, by kind."""
+        if self.block_dims == 1:  # (ceil(C/128), round_up(R, 4)), R contiguous
+            return [c["blocks"], r["pad"]]
+        return [r["blocks"], c["padded_blocks"]]  # (ceil(R/128), round_up(ceil(C/128), 4))
+
+    def _sizes(self, x: int) -> dict:
+        """The sizes an extent ``x`` gives a scale axis, by kind."""
+        b = self.block_size
+        return {
+            "blocks": _ceil_div(x, b),
+            "pad": _round_up(x, 4),
+            "padded_blocks": _round_up(_ceil_div(x, b), 4),
+        }
+
     def scale_shape(self, r: int, c: int) -> tuple[int, int]:
         """The stored scales of a copy ``[r, c]`` (class doc)."""
-        b = self.block_size
-        if self.block_dims == 1:
-            return (_ceil_div(c, b), _round_up(r, 4))
-        return (_ceil_div(r, b), _round_up(_ceil_div(c, b), 4))
+        return tuple(self._scale_axes(self._sizes(r), self._sizes(c)))
+
+    def _arrange(self, layout, batch, lead, feat, per_tensor, lead_scale, last_scale):
+        # lead_scale / last_scale: the entries that M resp. N give the scale axes, by kind. The
+        # rowwise copy is [M, N], the colwise one [N, M] (stored features + leading).
+        return {
+            "data": batch + lead + feat,
+            "colwise_data": batch + feat + lead,
+            "scale_inv": batch + self._scale_axes(lead_scale, last_scale),
+            "colwise_scale_inv": batch + self._scale_axes(last_scale, lead_scale),
+        }
 
     def shapes(self, g, layout, q_dtype, per_tensor=(1,)):
-        batch, lead, feat = list(g.batch), list(g.lead), list(g.feat)
-        m, n = math.prod(lead), g.n
-        found = {
-            "data": _sds(tuple(batch + lead + feat), np.dtype(q_dtype)),
-            "colwise_data": _sds(tuple(batch + feat + lead), np.dtype(q_dtype)),
-            "scale_inv": _sds(tuple(batch) + self.scale_shape(m, n), _F32),
-            "colwise_scale_inv": _sds(tuple(batch) + self.scale_shape(n, m), _F32),
-        }
-        return {name: found[name] for name in self.result_names(layout)}
+        m, n = math.prod(g.lead), g.n
+        parts = self._arrange(
+            layout, list(g.batch), list(g.lead), list(g.feat), [], self._sizes(m), self._sizes(n)
+        )
+        q = np.dtype(q_dtype)
+        dtypes = {"data": q, "colwise_data": q, "scale_inv": _F32, "colwise_scale_inv": _F32}
+        return {n: _sds(tuple(parts[n]), dtypes[n]) for n in self.result_names(layout)}
+
+    def _ffi_data_and_scales(self, g, layout, q_dtype):
+        # Per batch element: the codes [M, N], their transpose [N, M], and each copy's scales
+        # with scale_shape's element count (the FFI checks the counts), as (B * rows, cols).
+        m, slots = g.m // max(g.b, 1), {}
+        if layout.has_rowwise:
+            rows, cols = self.scale_shape(m, g.n)
+            slots["output"] = _sds((g.m, g.n), q_dtype)
+            slots["scale_inv"] = _sds((g.b * rows, cols), _F32)
+        if layout.has_colwise:
+            rows, cols = self.scale_shape(g.n, m)
+            slots["colwise_output"] = _sds((g.b, g.n, m), q_dtype)
+            slots["colwise_scale_inv"] = _sds((g.b * rows, cols), _F32)
+        return slots
+
+    # --- sharding -----------------------------------------------------------------------------
+    # A shard computes the blocks of its own [M_l, N_l] (no collective), so a split must leave
+    # whole blocks, and each shard's scales must be a plain slice of the global ones: the split
+    # runs of the flattened M and N must be contiguous (only the outermost axis of the leading
+    # axes, resp. of the feature axes, stays split) and a multiple of `_split_unit`.
+
+    def _kinds(self, layout) -> tuple[set, set]:
+        """The kinds of scale axis that M resp. N give under ``layout``."""
+        m, n = set(), set()
+        copies = ([(m, n)] if layout.has_rowwise else []) + ([(n, m)] if layout.has_colwise else [])
+        for r, c in copies:
+            r.add("pad" if self.block_dims == 1 else "blocks")
+            c.add("blocks" if self.block_dims == 1 else "padded_blocks")
+        return m, n
+
+    def _split_unit(self, kinds: set) -> int:
+        """What a shard's extent of M (or N) must be a multiple of, for scale axes of these
+        kinds: whole blocks for "blocks", whole padded runs of 4 scales for "pad" (4 rows) and
+        "padded_blocks" (4 blocks, 512)."""
+        b = self.block_size
+        units = {"blocks": b, "pad": 4, "padded_blocks": 4 * b}
+        return max((units[k] for k in kinds), default=1)
+
+    def unsplit_for_blocks(self, layout, x_spec, extents, shards):
+        x_spec = list(x_spec)
+        for group, kinds in zip(("leads", "feats"), self._kinds(layout), strict=True):
+            axes = [(a, size) for a, size in extents[group] if size != 1]
+            if not axes:
+                continue
+            total = math.prod(size for _, size in axes)
+            (outer, size), inner = axes[0], axes[1:]
+            for axis, _ in inner:  # its shards would hold runs of M (N) that are not contiguous
+                x_spec[axis] = None
+            n = shards(x_spec[outer])
+            if n > 1 and (size % n or (total // n) % self._split_unit(kinds)):
+                x_spec[outer] = None
+        return x_spec
+
+    @staticmethod
+    def _split_entry(entries: list):
+        """The one PartitionSpec entry splitting a group of axes (``unsplit_for_blocks`` leaves
+        at most one), or ``None``."""
+        split = [e for e in entries if e is not None]
+        if len(split) > 1:
+            raise AssertionError(f"blockwise FP8: several split axes {entries} in one group")
+        return split[0] if split else None
+
+    def result_specs(self, layout, bspec, lspec, fspec):
+        m, n = self._split_entry(lspec), self._split_entry(fspec)
+        return self._arrange(
+            layout,
+            list(bspec),
+            list(lspec),
+            list(fspec),
+            [],
+            dict.fromkeys(self._SCALE_KINDS, m),
+            dict.fromkeys(self._SCALE_KINDS, n),
+        )
+
+    def shardy_factors(self, layout, batch, lead, feat, last_extent, lead_extent):
+        sizes = {}
+        m_kinds, n_kinds = self._kinds(layout)
+        lead, m = self._group_factors("m", lead, lead_extent, m_kinds, sizes)
+        feat, n = self._group_factors("n", feat, last_extent, n_kinds, sizes)
+        parts = self._arrange(layout, batch, lead, feat, [], m, n)
+        return parts, lead, feat[-1], sizes
+
+    def _group_factors(self, tag, names, extent, kinds, sizes) -> tuple[list, dict]:
+        """``(the data's factors of a group of axes, the factors of its scale axes by kind)``.
+
+        One axis ``g`` of extent ``E``: a "blocks" axis is ``g``'s outer factor (the data axis
+        the compound ``(g g_b)``, ``g_b`` = 128) where E is a multiple of 128 above 128, a "pad"
+        axis is the data axis itself where E is a multiple of 4, a "padded_blocks" axis the
+        outer factor where E is a multiple of 512. Every other scale axis (and each of a group
+        of several axes, or none) has a factor of its own."""
+        names = list(names)
+        entries = {k: f"s{tag}_{k}" for k in self._SCALE_KINDS}
+        if len(names) != 1:
+            return names, entries
+        g, b = names[0], self.block_size
+        aligned = extent % b == 0 and extent > b
+        four = aligned and (extent // b) % 4 == 0
+        if aligned and ("blocks" in kinds or ("padded_blocks" in kinds and four)):
+            sizes[f"{g}_b"] = b
+            names = [f"({g} {g}_b)"]
+            entries["blocks"] = g
+            if four:
+                entries["padded_blocks"] = g
+        if extent % 4 == 0:
+            entries["pad"] = names[0]
+        return names, entries
 
     def logical_shape_of_colwise(self, colwise_shape, n_feature_axes):
         s = tuple(colwise_shape)  # features + leading -> leading + features
