@@ -17,6 +17,7 @@ cudaError_t launch_act_lu(const ActLuProblem& p, cudaStream_t stream, const Laun
       case QuantEmit::MXFP8: return launch_act_lu_q_mx(p, stream, cfg);
       case QuantEmit::NVFP4: return launch_act_lu_q_nvfp4(p, stream, cfg);
       case QuantEmit::AMAX_PASS: return launch_act_lu_q_amax(p, stream, cfg);
+      case QuantEmit::FP8_BLOCK: return launch_act_lu_q_fp8_block(p, stream, cfg);
     }
     return cudaErrorInvalidValue;
   }

@@ -18,6 +18,7 @@ cudaError_t launch_dact_dbias(const DActProblem& p, cudaStream_t stream, const L
       case QuantEmit::MXFP8: return launch_dact_q_mx(p, stream, cfg);
       case QuantEmit::NVFP4: return launch_dact_q_nvfp4(p, stream, cfg);
       case QuantEmit::AMAX_PASS: return launch_dact_q_amax(p, stream, cfg);
+      case QuantEmit::FP8_BLOCK: return launch_dact_q_fp8_block(p, stream, cfg);
     }
     return cudaErrorInvalidValue;
   }

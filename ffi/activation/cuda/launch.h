@@ -36,8 +36,9 @@ cudaError_t launch_dact_dbias(const DActProblem& p, cudaStream_t stream, const L
 
 // The generic path (p.quantized: the scaled modes, and the amax passes, q.emit == AMAX_PASS)
 // of launch_act_lu / launch_dact_dbias, one translation unit per mode
-// (quant_{act,dact}_{tensor,mx,nvfp4,amax}.cu; kernels in quantize.cuh). launch_act_lu and
-// launch_dact_dbias dispatch to them.
+// (quant_{act,dact}_{tensor,mx,nvfp4,amax}.cu, kernels in quantize.cuh; quant_{act,dact}_fp8_block.cu,
+// the blockwise FP8 kernel of quantize/fp8_block.cuh). launch_act_lu and launch_dact_dbias
+// dispatch to them.
 cudaError_t launch_act_lu_q_tensor(const ActLuProblem& p, cudaStream_t stream,
                                    const LaunchConfig& cfg);
 cudaError_t launch_act_lu_q_mx(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
@@ -45,12 +46,16 @@ cudaError_t launch_act_lu_q_nvfp4(const ActLuProblem& p, cudaStream_t stream,
                                   const LaunchConfig& cfg);
 cudaError_t launch_act_lu_q_amax(const ActLuProblem& p, cudaStream_t stream,
                                  const LaunchConfig& cfg);
+cudaError_t launch_act_lu_q_fp8_block(const ActLuProblem& p, cudaStream_t stream,
+                                      const LaunchConfig& cfg);
 cudaError_t launch_dact_q_tensor(const DActProblem& p, cudaStream_t stream,
                                  const LaunchConfig& cfg);
 cudaError_t launch_dact_q_mx(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
 cudaError_t launch_dact_q_nvfp4(const DActProblem& p, cudaStream_t stream,
                                 const LaunchConfig& cfg);
 cudaError_t launch_dact_q_amax(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg);
+cudaError_t launch_dact_q_fp8_block(const DActProblem& p, cudaStream_t stream,
+                                    const LaunchConfig& cfg);
 
 // The dbias finalize kernel (dact_dbias.cu): dbias[b, c] = sum over g of ws[b, g, c] in a fixed
 // order (32 contiguous ranges of groups, each in order, then the ranges in order), rounded to
