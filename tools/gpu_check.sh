@@ -33,8 +33,9 @@
 #           MULTI_MESHES (";"-separated) the meshes
 # gemmtune  benchmarks.dense's te:dot and te:gelu_vjp rows (with their XLA baselines) once per
 #           TE_JAX_GEMM_CANDIDATES in $GEMM_CANDIDATES (default "8 32 64"), log in gemmtune.log
-# gsanitize the GEMM handler under compute-sanitizer: tests/test_gemm_primitive.py (GSANITIZE_K: a -k expression)
-#           through pytest, once per tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log;
+# gsanitize the FFI handlers under compute-sanitizer: $GSANITIZE_TESTS (default
+#           tests/test_gemm_primitive.py; GSANITIZE_K: a -k expression) through pytest, once per
+#           tool in $GTOOLS (default memcheck), log in $OUT/gsanitize.log;
 #           GSANITIZE_CONTROL=<-k expression> adds the controls for hazards inside cuBLASLt's own
 #           kernels (XLA's autotuned GEMM of the same shape; those tests with no candidate timing)
 # Exit status: non-zero if any stage failed. At most 8 files come back from a device run, so the
@@ -180,13 +181,14 @@ for stage in "$@"; do
       ;;
     gsanitize)
       for tool in ${GTOOLS:-memcheck}; do
-        stamp "compute-sanitizer --tool $tool: te_jax_gemm"
+        stamp "compute-sanitizer --tool $tool: ${GSANITIZE_TESTS:-tests/test_gemm_primitive.py}"
         # XLA allocates its own pools; only te_jax's kernels and cuBLASLt's are of interest here.
         # application-only: XLA's child processes (ptxas) are not followed (following them
         # crashed the sanitizer in an XLA FP8 dot).
         # shellcheck disable=SC2086
         compute-sanitizer --tool "$tool" --error-exitcode 7 --target-processes application-only \
-          python3 -m pytest -q -p no:cacheprovider tests/test_gemm_primitive.py -k "${GSANITIZE_K:-not nothing}" \
+          python3 -m pytest -q -p no:cacheprovider ${GSANITIZE_TESTS:-tests/test_gemm_primitive.py} \
+          -k "${GSANITIZE_K:-not nothing}" \
           >>"$OUT/gsanitize.log" 2>&1 || status=1
         grep -E "ERROR SUMMARY|passed|failed" "$OUT/gsanitize.log" | tail -n 3
       done

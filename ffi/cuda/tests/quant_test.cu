@@ -741,6 +741,8 @@ void bench() {
   DevBuf<float> scale(1, 0), scale_inv(1, 0), amax(1, 0);
   DevBuf<float> ws(2048 * 2 * H, 0);
   DevBuf<T> dbias(2 * H, 0), ybuf(2 * E, 0);
+  // Blockwise FP8's float32 scales: one per 128 elements of each copy (2D far fewer), padding.
+  DevBuf<float> fs1(E / 128 + 4 * H, 0), fs2(E / 128 + 4 * H, 0);
   fill_kernel<<<4096, 256>>>(x.ptr, 2 * E, 1u);
   fill_kernel<<<4096, 256>>>(dz.ptr, E, 2u);
   CHECK_CUDA(cudaGetLastError());
@@ -788,6 +790,13 @@ void bench() {
     if (info.block != 0 && row) q.block_scale = s1.ptr;
     if (info.block != 0 && colw) q.colwise_block_scale = s2.ptr;
     if (info.writes_amax) q.amax = amax.ptr;
+    if (info.emit == QuantEmit::FP8_BLOCK) {  // float32 scales, power-of-two (the recipe's)
+      q.block_scale = q.colwise_block_scale = nullptr;
+      if (row) q.block_scale_f32 = fs1.ptr;
+      if (colw) q.colwise_block_scale_f32 = fs2.ptr;
+      q.block_2d = m == ScalingMode::FP8_BLOCK_2D_SCALING;
+      q.power_2_scale = true;
+    }
     return q;
   };
   auto fwd = [&](ActivationEnum act, QuantOutput q, bool quantized = true) {
@@ -845,6 +854,8 @@ void bench() {
   const auto ID = ActivationEnum::IDENTITY;
   const auto DELAYED = SM::DELAYED_TENSOR_SCALING, MX = SM::MXFP8_1D_SCALING;
   const auto FP4 = SM::NVFP4_1D_SCALING;
+  const auto B1 = SM::FP8_BLOCK_1D_SCALING, B2 = SM::FP8_BLOCK_2D_SCALING;
+  const double kB1 = 4.0 / 128;  // a float32 scale per 1x128 block, per copy
   const auto E2M1 = QType::E2M1;
   // Forward, non-gated: E elements of x (2 B) -> E outputs. Gated: x is 2E elements -> E outputs.
   measure("act_lu GELU NO_SCALING (+amax)", fwd(GELU, {}, false), 4);
@@ -869,6 +880,12 @@ void bench() {
   measure("quantize NVFP4 row", fwd(ID, q_for(FP4, 1, 0, E2M1)), 2.5 + 1.0 / 16);
   measure("quantize NVFP4 row+col", fwd(ID, q_for(FP4, 1, 1, E2M1)), 3 + 2.0 / 16);
   measure("quantize amax pass", amax_pass(ID), 2);
+  measure("act_lu GELU BLOCK_1D e4m3 row", fwd(GELU, q_for(B1, 1, 0)), 3 + kB1);
+  measure("act_lu GELU BLOCK_1D e4m3 row+col", fwd(GELU, q_for(B1, 1, 1)), 4 + 2 * kB1);
+  measure("act_lu SWIGLU BLOCK_1D e4m3 row+col (x 2E)", fwd(SWIGLU, q_for(B1, 1, 1)),
+          6 + 2 * kB1);
+  measure("quantize BLOCK_1D e4m3 row+col", fwd(ID, q_for(B1, 1, 1)), 4 + 2 * kB1);
+  measure("quantize BLOCK_2D e4m3 row+col", fwd(ID, q_for(B2, 1, 1)), 4);
   // Backward, per dx element: non-gated dz 2 + x 2 + out; gated (two dx elements per dz element):
   // dz 1 + x 2 + out.
   measure("dact_dbias GELU NO_SCALING (+amax)", bwd(GELU, {}, true, false), 6);
@@ -907,6 +924,8 @@ void bench() {
   }
   measure("dact_dbias SWIGLU MXFP8 row+col", bwd(SWIGLU, q_for(MX, 1, 1), true), 5 + 2.0 / 32);
   measure("dact_dbias GELU MXFP8 row+col", bwd(GELU, q_for(MX, 1, 1), true), 6 + 2.0 / 32);
+  measure("dact_dbias GELU BLOCK_1D row+col", bwd(GELU, q_for(B1, 1, 1), true), 6 + 2 * kB1);
+  measure("dact_dbias SWIGLU BLOCK_1D row+col", bwd(SWIGLU, q_for(B1, 1, 1), true), 5 + 2 * kB1);
   measure("dact_dbias GELU NVFP4 row",
           bwd(GELU, q_for(FP4, 1, 0, QType::E2M1), true), 4.5 + 1.0 / 16);
 }

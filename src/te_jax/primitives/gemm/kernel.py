@@ -81,10 +81,22 @@ def kernel_results(
     fp8 = np.dtype(lhs.dtype) in FP8
     misaligned = fp8 and (k % FP8_ALIGNMENT or n % FP8_ALIGNMENT)
     f32_bias = fp8 and np.dtype(config.out_dtype) == F32 and bias.size
-    if config.block_scaled and (misaligned or f32_bias):
+    # cuBLASLt's block-scaled GEMM also wants M and N multiples of 8 (its heuristic finds no
+    # kernel otherwise), and of the epilogues it runs only the plain one (with or without bias).
+    block_misaligned = config.block_scaled and (m % 8 or n % 8)
+    if config.block_scaled and (misaligned or f32_bias or block_misaligned):
         # Block scales vary along K: the scaled float32 accumulator of the fallback below does
         # not exist; the product of the block-dequantized operands is the pure-JAX one.
         return reference_results(*operands, config)
+    if config.block_scaled and (config.epilogue != GemmEpilogue.DEFAULT or config.addend):
+        # The block-scaled float32 accumulator from cuBLASLt, the rest in XLA (one rounding).
+        one, absent = jnp.ones((1,), F32), jnp.zeros((0,), F32)
+        plain = config.replace(
+            epilogue=GemmEpilogue.DEFAULT, out_dtype=F32, grad_bias=False, addend=False
+        )
+        flat = (lhs, rhs, absent, absent, lhs_scale_inv, rhs_scale_inv, absent)
+        acc = kernel_results(*flat, plain, ffi_call=ffi_call)[0]
+        return epilogue(acc, bias, aux, one, one, addend, config)
     if misaligned or f32_bias:
         one, absent = jnp.ones((1,), F32), jnp.zeros((0,), F32)
         if misaligned:
