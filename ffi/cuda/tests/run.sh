@@ -22,7 +22,8 @@ ARCH="${ARCH:--gencode=arch=compute_90a,code=sm_90a}"
 PY="${PYTHON:-python3}"
 mkdir -p "$BUILD"
 KERNELS=(act_lu dact dact_dbias quant_act_tensor quant_act_mx quant_act_nvfp4 quant_act_amax
-         quant_dact_tensor quant_dact_mx quant_dact_nvfp4 quant_dact_amax)
+         quant_dact_tensor quant_dact_mx quant_dact_nvfp4 quant_dact_amax quant_act_fp8_block
+         quant_dact_fp8_block)
 TESTS=(kernel_test quant_test)
 
 if [ "${SKIP_BUILD:-0}" = 0 ]; then
