@@ -135,8 +135,8 @@ def test_ffi_results_follow_the_contract():
 @pytest.mark.parametrize(("shape", "nf"), [((3, 4, 64, 96), 1), ((5, 130, 2, 70), 2)])
 def test_ffi_buffers_hold_the_results(mode, shape, nf):
     """Each quantized result the kernel writes is its FFI buffer reshaped
-    (primitives/quantized/local.py): the same element count and dtype, for batched tensors of every layout (blockwise FP8 with odd
-    rows and features too)."""
+    (primitives/quantized/local.py): the same element count and dtype, for batched tensors of
+    every layout (blockwise FP8 with odd rows and features too)."""
     if not mode.impl.partial_blocks and nf == 2:
         shape = (5, 128, 2, 64)
     g = Geometry.of(shape, nf, 1)
@@ -150,4 +150,3 @@ def test_ffi_buffers_hold_the_results(mode, shape, nf):
             got = buffers[name]
             assert np.prod(got.shape) == np.prod(want.shape), (layout, name, got, want)
             assert np.dtype(got.dtype) == np.dtype(want.dtype), (layout, name)
-

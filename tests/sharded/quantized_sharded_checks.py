@@ -29,6 +29,8 @@ from helpers import sharded_devices, te_jax_custom_calls  # noqa: E402
 from te_jax.quantize import (  # noqa: E402
     CurrentScaleQuantizer,
     DelayedScaleQuantizer,
+    Float8Block1DQuantizer,
+    Float8Block2DQuantizer,
     MXFP8Quantizer,
     NVFP4Quantizer,
     QuantizeLayout,
@@ -149,6 +151,94 @@ def test_vmapped_quantize_sharded_over_the_batch():
     assert "all-reduce" not in text  # each batch element lives on one shard
     _assert_same(out, jax.jit(fn)(x))
     assert out.amax.shape == (8,)
+
+
+# ---- blockwise FP8 kernels on sharded inputs --------------------------------------------------
+
+ROW, COL = QuantizeLayout.ROWWISE, QuantizeLayout.COLWISE
+BLOCKWISE = {1: Float8Block1DQuantizer, 2: Float8Block2DQuantizer}
+
+# (op, activation, x shape, x spec, mesh, block dims, layout, every split kept). A shard keeps
+# its split where it holds whole blocks and its scales are a plain slice of the global ones
+# (docs/numerics.md §4): only the outermost leading axis and the outermost feature axis, rows
+# resp. features per shard a multiple of 4 (1D rowwise's rows, colwise's features), 128 (the
+# blocked side of 1D, either side of 2D) or 512 (the padded side of 2D); else that axis is
+# unsplit (the data replicated on it) and the results are still the unsharded ones.
+BLOCK_CASES = [
+    ("act", "gelu", (1024, 512), P("a", "b"), MESH_2D, 1, BOTH, True),
+    ("act", "swiglu", (512, 2, 256), P("a", None, "b"), MESH_2D, 1, BOTH, True),
+    ("act", "silu", (8, 12, 256), P("x", None, None), MESH_1D, 1, ROW, True),  # 12 rows each
+    ("act", "silu", (8, 3, 256), P("x", None, None), MESH_1D, 1, ROW, False),  # 3 rows each
+    ("act", "gelu", (2, 512, 256), P(None, "x", None), MESH_1D, 1, BOTH, False),  # inner rows
+    ("act", "gelu", (512, 1024), P("a", "b"), MESH_2D, 2, ROW, True),
+    ("act", "gelu", (512, 1024), P("a", "b"), MESH_2D, 2, BOTH, False),  # 128 rows each
+    ("quantize", None, (2048, 256), P("a", "b"), MESH_2D, 2, COL, True),
+    ("dact", "gelu", (1024, 512), P("a", "b"), MESH_2D, 1, BOTH, True),
+    ("dact", "swiglu", (512, 2, 256), P("a", None, "b"), MESH_2D, 1, BOTH, False),  # (2, H)
+    ("dact", "gelu", (512, 1024), P("a", "b"), MESH_2D, 2, ROW, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("op", "act", "shape", "spec", "mesh", "dims", "layout", "kept"),
+    BLOCK_CASES,
+    ids=[
+        f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2]))}-{c[5]}d-{c[6].name.lower()}" for c in BLOCK_CASES
+    ],
+)
+def test_blockwise_kernels_sharded(op, act, shape, spec, mesh, dims, layout, kept):
+    """Sharded blockwise FP8 equals the unsharded op bit for bit (dbias within float32
+    summation order); where every split is kept, nothing is gathered."""
+    q = BLOCKWISE[dims](q_layout=layout, power_2_scale=dims == 1)
+    x = jax.random.normal(jax.random.key(4), shape, jnp.bfloat16) * 3
+    if op == "dact":
+        gated = act == "swiglu"
+        dz = jax.random.normal(jax.random.key(5), shape[:-2] + shape[-1:] if gated else shape)
+        args, specs = (
+            (dz.astype(jnp.bfloat16), x),
+            (P(*spec[:-2], spec[-1]) if gated else spec, spec),
+        )
+
+        def fn(dz, x):
+            return te_jax.quantize_dact_dbias(dz, x, act, is_dbias=True, quantizer=q)
+
+    else:
+        args, specs = (x,), (spec,)
+
+        def fn(x):
+            if op == "quantize":
+                return te_jax.quantize.quantize(x, q)
+            return te_jax.act_lu(x, act, quantizer=q)
+
+    shard = tuple(NamedSharding(mesh, s) for s in specs)
+    jitted = jax.jit(fn, in_shardings=shard)
+    text = jitted.lower(*args).compile().as_text()
+    assert te_jax_custom_calls(text), "the te_jax kernel is not in the compiled module"
+    if kept:
+        assert "all-gather" not in text, "a split that leaves whole blocks was gathered"
+    out = jitted(*(jax.device_put(a, s) for a, s in zip(args, shard, strict=True)))
+    want = jax.jit(fn)(*args)
+    if op != "dact":
+        _assert_same(out, want)
+        return
+    _assert_same(out[0], want[0])
+    np.testing.assert_allclose(
+        np.asarray(out[1], np.float32), np.asarray(want[1], np.float32), rtol=2**-7, atol=1e-2
+    )
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_vmapped_blockwise_sharded_over_the_batch(dims):
+    """vmap: each batch element its own [M, N] (odd: 130 x 260), the batch axis sharded, no
+    collective; the kernel's results are the pure-JAX path's."""
+    q = BLOCKWISE[dims](q_layout=BOTH)
+    x = jax.random.normal(jax.random.key(6), (8, 130, 260), jnp.float32)
+    fn = jax.vmap(lambda x: te_jax.quantize.quantize(x, q))
+    out, text = _run(fn, MESH_1D, P("x", None, None), x)
+    assert te_jax_custom_calls(text) and "all-gather" not in text and "all-reduce" not in text
+    _assert_same(out, jax.jit(fn)(x))
+    ref = jax.vmap(lambda x: te_jax.quantize.quantize(x, q, implementation="xla"))
+    _assert_same(out, jax.jit(ref)(x))
 
 
 # ---- blockwise FP8 under Flax's logical axis rules ------------------------------------------

@@ -313,13 +313,22 @@ class ScalingModeImpl:
         )
 
     def shardy_factors(
-        self, layout, batch: list, lead: list, feat: list, last_extent: int, lead_extent
+        self,
+        layout,
+        batch: list,
+        lead: list,
+        feat: list,
+        last_extent: int,
+        lead_extent,
+        lead_extents: Sequence[int] = (),
+        feat_extents: Sequence[int] = (),
     ) -> tuple[dict, list, str, dict]:
         """Shardy factors of the results (einsum-like ``sharding_rule`` pieces).
 
         ``batch``, ``lead``, ``feat`` are the data's factor names (``feat[-1]`` is the last axis,
         of extent ``last_extent``; the innermost leading axis has ``lead_extent``, ``None``
-        without leading axes). Returns ``(factors by result name, the data's leading factors,
+        without leading axes; ``lead_extents`` / ``feat_extents``: every leading / feature
+        axis's extent). Returns ``(factors by result name, the data's leading factors,
         its last-axis factor, factor sizes)``: a block mode may write a data axis as the
         compound ``(outer, block)`` so that its block scale maps the outer factor alone.
         """
@@ -492,7 +501,7 @@ class _BlockScaling(ScalingModeImpl):
             slots["colwise_scale_inv"] = _sds((g.m // bs, g.n), self.block_scale_dtype)
         return slots
 
-    def shardy_factors(self, layout, batch, lead, feat, last_extent, lead_extent):
+    def shardy_factors(self, layout, batch, lead, feat, last_extent, lead_extent, **_):
         # A block scale has an axis `block` times shorter than the data's: the data's axis is
         # the compound factor (outer, block) and the scale's is the outer factor alone. A
         # compound factor may not have an outer part of size 1: an axis of exactly one block
@@ -800,37 +809,50 @@ class _Float8BlockScaling(ScalingModeImpl):
             dict.fromkeys(self._SCALE_KINDS, n),
         )
 
-    def shardy_factors(self, layout, batch, lead, feat, last_extent, lead_extent):
+    def shardy_factors(
+        self, layout, batch, lead, feat, last_extent, lead_extent, lead_extents=(), feat_extents=()
+    ):
         sizes = {}
         m_kinds, n_kinds = self._kinds(layout)
-        lead, m = self._group_factors("m", lead, lead_extent, m_kinds, sizes)
-        feat, n = self._group_factors("n", feat, last_extent, n_kinds, sizes)
+        lead, m = self._group_factors("m", lead, lead_extents, m_kinds, sizes)
+        feat, n = self._group_factors("n", feat, feat_extents, n_kinds, sizes, last_only=True)
         parts = self._arrange(layout, batch, lead, feat, [], m, n)
         return parts, lead, feat[-1], sizes
 
-    def _group_factors(self, tag, names, extent, kinds, sizes) -> tuple[list, dict]:
+    def _group_factors(
+        self, tag, names, extents, kinds, sizes, last_only=False
+    ) -> tuple[list, dict]:
         """``(the data's factors of a group of axes, the factors of its scale axes by kind)``.
 
-        One axis ``g`` of extent ``E``: a "blocks" axis is ``g``'s outer factor (the data axis
-        the compound ``(g g_b)``, ``g_b`` = 128) where E is a multiple of 128 above 128, a "pad"
-        axis is the data axis itself where E is a multiple of 4, a "padded_blocks" axis the
-        outer factor where E is a multiple of 512. Every other scale axis (and each of a group
-        of several axes, or none) has a factor of its own."""
+        Where the group's one axis of extent above 1 is ``g`` (the last one, with
+        ``last_only``), of extent ``E``: a "blocks" axis is ``g``'s outer factor (the data axis
+        the compound ``(g g_b)``, ``g_b`` = 128) where E is a multiple of 128 above 128, a
+        "padded_blocks" axis likewise where E is a multiple of 512, a "pad" axis the data axis
+        itself where E is a multiple of 4. Several axes above 1: a "pad" axis is their compound
+        where their product is a multiple of 4. Every other scale axis has a factor of its own.
+        """
         names = list(names)
         entries = {k: f"s{tag}_{k}" for k in self._SCALE_KINDS}
-        if len(names) != 1:
+        big = [i for i, e in enumerate(extents) if e != 1]
+        total = math.prod(extents)
+        if len(big) > 1:
+            if total % 4 == 0:
+                entries["pad"] = "(" + " ".join(names[i] for i in big) + ")"
             return names, entries
-        g, b = names[0], self.block_size
-        aligned = extent % b == 0 and extent > b
-        four = aligned and (extent // b) % 4 == 0
+        if not big or (last_only and big[0] != len(names) - 1):
+            return names, entries
+        i, b = big[0], self.block_size
+        g = names[i]
+        aligned = total % b == 0 and total > b
+        four = aligned and (total // b) % 4 == 0
         if aligned and ("blocks" in kinds or ("padded_blocks" in kinds and four)):
             sizes[f"{g}_b"] = b
-            names = [f"({g} {g}_b)"]
+            names[i] = f"({g} {g}_b)"
             entries["blocks"] = g
             if four:
                 entries["padded_blocks"] = g
-        if extent % 4 == 0:
-            entries["pad"] = names[0]
+        if total % 4 == 0:
+            entries["pad"] = names[i]
         return names, entries
 
     def logical_shape_of_colwise(self, colwise_shape, n_feature_axes):

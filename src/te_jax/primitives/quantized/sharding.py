@@ -41,8 +41,16 @@ def _sharding_rule(kind, act, params, cfg, is_dbias, batch_dims, mesh, operand_t
     gated = act is not None and act.is_gated
     k = ["k"] if n_feat_x == 2 else []  # a gated x's (2, H), or a quantized (K, 2, N) kernel's
     bat, lead, feat = _y_parts(kind, act, cfg, batch_dims, rows + k + ["h"])
+    nf = kind.n_feature_axes(act, cfg)  # y's features: x's last nf axes
     factors, lead, h, kwargs = cfg.spec.shardy_factors(
-        cfg.layout, bat, lead, feat, shape[-1], shape[rank - n_feat_x - 1] if lead else None
+        cfg.layout,
+        bat,
+        lead,
+        feat,
+        shape[-1],
+        shape[rank - n_feat_x - 1] if lead else None,
+        lead_extents=shape[batch_dims : rank - n_feat_x],
+        feat_extents=shape[rank - nf :],
     )
     feat = feat[:-1] + [h]
     factors["dbias"] = bat + feat
