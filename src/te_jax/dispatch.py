@@ -121,8 +121,8 @@ def decide(
       kernel_dtypes: the input dtypes the kernel takes (float32, bfloat16, float16 unless said).
       backends: the backends whose kernel takes this call (a scaling mode, or a call of it,
         that the kernels of some backends do not take: ``ScalingModeImpl.kernel_backends_for``);
-        ``None``: every backend with the kernel. Elsewhere the call takes the pure-JAX path, and ``"ffi"``
-        raises.
+        ``None``: every backend with the kernel. Elsewhere the call takes the pure-JAX path,
+        and ``"ffi"`` raises.
 
     Raises:
       ValueError: an unknown ``implementation``.
