@@ -37,9 +37,14 @@ namespace te_jax::cuda::quant {
 
 constexpr int kFb = 128;                     // a block's edge: tile rows and columns
 constexpr int kFbRowsPerWarp = kFb / kWarps;  // 16
-// Rows whose loads are issued together: 4, 2 for the gated backward (three inputs per row).
+// Rows whose loads a lane issues together, before it computes any: about 64 bytes per lane (8
+// rows of one 16-bit input, 4 of two, ...), never fewer than 2 (the register cap allows no
+// more without spilling). Raw words: 16-bit values stay two to a register until computed.
 template <typename Spec, bool kBwd>
-constexpr int kFbRowStep = kBwd && Spec::kGated ? 2 : 4;
+constexpr int kFbInputs = Spec::kActLen + (kBwd ? 1 : 0);
+template <typename Spec, typename T, bool kBwd>
+constexpr int kFbRowStep = std::max<int>(
+    2, 1 << (31 - __builtin_clz(64 / (kFbInputs<Spec, kBwd> * 4 * static_cast<int>(sizeof(T))))));
 
 struct Fp8BlockArgs {
   const void* x;
@@ -81,25 +86,45 @@ struct Fp8BlockSmem {
 
 __device__ __forceinline__ int fb_swizzle(int r) { return ((r >> 4) & 7) << 2; }
 
-__device__ __forceinline__ fmt::BlockScale fb_scale(const Fp8BlockArgs& a, uint32_t key) {
-  return fmt::fp8_block_scale(key, a.qmax, a.eps_bits, a.pow2);
+// Max |y| is taken on keys in T's own bits (|y|'s bits: for float32, bfloat16 and float16 alike
+// an unsigned max is the max of the magnitudes, a NaN above inf); 16-bit keys two to a word,
+// compared as packed halves (one instruction per pair). fb_key_bits gives the float32 bits.
+template <typename T>
+__device__ __forceinline__ uint32_t fb_key_bits(uint32_t k) {
+  if constexpr (std::is_same_v<T, float>) {
+    return k;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return k << 16;
+  } else {
+    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(k))));
+  }
 }
 
-// 4 inputs of T at p (the first n valid, the rest 0) as float32.
 template <typename T>
-__device__ __forceinline__ void fb_load4(const T* p, bool vec, int n, float (&f)[4]) {
-  if (vec && n == 4) {
-    to_float(load_pack<T, 4>(p), f);
-  } else {
+__device__ __forceinline__ fmt::BlockScale fb_scale(const Fp8BlockArgs& a, uint32_t key) {
+  return fmt::fp8_block_scale(fb_key_bits<T>(key), a.qmax, a.eps_bits, a.pow2);
+}
+
+// 4 inputs of T at p (the first n valid, the rest 0) as raw words: one 8- or 16-byte load on
+// the vector path.
+template <typename T>
+__device__ __forceinline__ Pack<T, 4> fb_load4(const T* p, bool vec, int n) {
+  if (vec && n == 4) return load_pack<T, 4>(p);
+  Pack<T, 4> r;
+  if constexpr (sizeof(T) == 4) {
+    const unsigned* q = reinterpret_cast<const unsigned*>(p);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (std::is_same_v<T, float>) {
-        f[j] = j < n ? __ldg(p + j) : 0.0f;
-      } else {
-        f[j] = j < n ? scalar_to_float(__ldg(p + j)) : 0.0f;
-      }
+    for (int j = 0; j < 4; ++j) r.w[j] = j < n ? __ldg(q + j) : 0u;
+  } else {
+    const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const unsigned lo = 2 * j < n ? __ldg(q + 2 * j) : 0u;
+      const unsigned hi = 2 * j + 1 < n ? __ldg(q + 2 * j + 1) : 0u;
+      r.w[j] = lo | (hi << 16);
     }
   }
+  return r;
 }
 
 // Blocks per SM the registers are capped for: 3 (<= 85 registers; 3 x 38 KiB of shared memory
@@ -114,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
   constexpr int kHalves = Smem::kHalves, kInHalves = Spec::kActLen;
   constexpr int kRowWords = Smem::kRowWords;
   constexpr int kLaneWords = static_cast<int>(sizeof(T));  // words of a lane's 4 values
-  constexpr int kRowStep = kFbRowStep<Spec, kBwd>;
+  constexpr int kRowStep = kFbRowStep<Spec, T, kBwd>;
   extern __shared__ __align__(16) unsigned char fb_smem[];
   uint32_t* vals = reinterpret_cast<uint32_t*>(fb_smem);  // [kHalves][kFb][kRowWords]
   unsigned* ckey = reinterpret_cast<unsigned*>(fb_smem + Smem::kVals);  // [h][warp][col]
@@ -153,38 +178,48 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
       // ---- 1. produce ----
       const uint64_t c = c0 + 4 * lane;
       const int ncol = c < H ? static_cast<int>(std::min<uint64_t>(4, H - c)) : 0;
-      unsigned colk[kHalves][4] = {}, tkey[kHalves] = {}, my_row_key[kHalves] = {};
+      // The lane's column keys (16-bit: two per word), its rows' max key and its own row's.
+      uint32_t colk[kHalves][kLaneWords] = {}, tkey[kHalves] = {}, my_row_key[kHalves] = {};
       float dsum[kHalves][4] = {};
 #pragma unroll 1
       for (int i0 = 0; i0 < kFbRowsPerWarp; i0 += kRowStep) {
-        float in[kRowStep][3][4];
+        constexpr int kInputs = kFbInputs<Spec, kBwd>;
+        Pack<T, 4> raw[kRowStep][kInputs];  // x (a half), x (b half), dz
 #pragma unroll
         for (int s = 0; s < kRowStep; ++s) {
           const int r = warp * kFbRowsPerWarp + i0 + s;
           const int n = r < tile_rows ? ncol : 0;
           const uint64_t gr = grow0 + r;
           const T* xr = x + gr * (kInHalves * H) + c;
-          fb_load4(xr, a.vec_in, n, in[s][0]);
-          if constexpr (Spec::kGated) fb_load4(xr + H, a.vec_in, n, in[s][1]);
-          if constexpr (kBwd) fb_load4(dz + gr * H + c, a.vec_in, n, in[s][2]);
+          raw[s][0] = fb_load4(xr, a.vec_in, n);
+          if constexpr (Spec::kGated) raw[s][1] = fb_load4(xr + H, a.vec_in, n);
+          if constexpr (kBwd) raw[s][kInputs - 1] = fb_load4(dz + gr * H + c, a.vec_in, n);
         }
 #pragma unroll
         for (int s = 0; s < kRowStep; ++s) {
           const int r = warp * kFbRowsPerWarp + i0 + s;
           const int n = r < tile_rows ? ncol : 0;
-          float y[kHalves][4];
+          float in[3][4], y[kHalves][4];
+          to_float(raw[s][0], in[0]);
+          if constexpr (Spec::kGated) to_float(raw[s][1], in[1]);
+          if constexpr (kBwd) to_float(raw[s][kInputs - 1], in[2]);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             if constexpr (kBwd) {
               float da, db;
-              act_backward<Spec>(in[s][2][j], in[s][0][j], Spec::kGated ? in[s][1][j] : 0.0f,
-                                 a.params, da, db);
-              y[0][j] = j < n ? da : 0.0f;
-              if constexpr (kHalves == 2) y[1][j] = j < n ? db : 0.0f;
+              act_backward<Spec>(in[2][j], in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params,
+                                 da, db);
+              y[0][j] = da;
+              if constexpr (kHalves == 2) y[1][j] = db;
             } else {
-              const float v = act_forward<Spec>(in[s][0][j], Spec::kGated ? in[s][1][j] : 0.0f,
-                                                a.params);
-              y[0][j] = j < n ? v : 0.0f;
+              y[0][j] = act_forward<Spec>(in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params);
+            }
+          }
+          if (n < 4) {  // outside the tile's rows or columns: 0, which no max or sum sees
+#pragma unroll
+            for (int l = 0; l < kHalves; ++l) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) y[l][j] = j < n ? y[l][j] : 0.0f;
             }
           }
 #pragma unroll
@@ -198,12 +233,23 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
               *reinterpret_cast<uint2*>(dst) = make_uint2(p.w[0], p.w[1]);
             }
             unsigned key = 0;
+            if constexpr (kLaneWords == 4) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              const unsigned k = __float_as_uint(rv[j]) & 0x7fffffffu;
-              key = max(key, k);
-              colk[l][j] = max(colk[l][j], k);
-              if constexpr (kBwd) dsum[l][j] += y[l][j];
+              for (int j = 0; j < 4; ++j) {
+                const uint32_t k = p.w[j] & 0x7fffffffu;
+                key = max(key, k);
+                colk[l][j] = max(colk[l][j], k);
+              }
+            } else {
+              const uint32_t k0 = p.w[0] & 0x7fff7fffu, k1 = p.w[1] & 0x7fff7fffu;
+              colk[l][0] = __vmaxu2(colk[l][0], k0);
+              colk[l][1] = __vmaxu2(colk[l][1], k1);
+              const uint32_t m2 = __vmaxu2(k0, k1);
+              key = max(m2 & 0xffffu, m2 >> 16);
+            }
+            if constexpr (kBwd) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) dsum[l][j] += y[l][j];
             }
             tkey[l] = max(tkey[l], key);
             const unsigned row_key = __reduce_max_sync(0xffffffffu, key);
@@ -217,15 +263,24 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
       for (int l = 0; l < kHalves; ++l) {
         const int r = warp * kFbRowsPerWarp + lane;
         if (!block_2d && lane < kFbRowsPerWarp) {
-          const fmt::BlockScale s = fb_scale(a, my_row_key[l]);
+          const fmt::BlockScale s = fb_scale<T>(a, my_row_key[l]);
           rscale[l * kFb + r] = s.scale;
           if (row_out && r < tile_rows) {
             const uint64_t cb = (l * H + c0) / kFb;
             a.scale_inv[b * a.row_scales + cb * rpad + rl0 + r] = s.scale_inv;
           }
         }
+        unsigned* ck = ckey + (l * kWarps + warp) * kFb + 4 * lane;
+        if constexpr (kLaneWords == 4) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) ckey[(l * kWarps + warp) * kFb + 4 * lane + j] = colk[l][j];
+          for (int j = 0; j < 4; ++j) ck[j] = colk[l][j];
+        } else {  // element 2i in the low half
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            ck[2 * i] = colk[l][i] & 0xffffu;
+            ck[2 * i + 1] = colk[l][i] >> 16;
+          }
+        }
         if constexpr (kBwd) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) dpart[(l * kWarps + warp) * kFb + 4 * lane + j] = dsum[l][j];
@@ -247,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
         }
         if constexpr (kBwd) dacc += ds;
         if (!block_2d) {
-          const fmt::BlockScale s = fb_scale(a, m);
+          const fmt::BlockScale s = fb_scale<T>(a, m);
           cscale[l * kFb + cc] = s.scale;
           if (col_out && col_in) {
             a.colwise_scale_inv[b * a.col_scales + rt * npad + col] = s.scale_inv;
@@ -256,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
           unsigned tk = 0;
 #pragma unroll
           for (int w = 0; w < kWarps; ++w) tk = max(tk, wkey[l * kWarps + w]);
-          const fmt::BlockScale s = fb_scale(a, tk);
+          const fmt::BlockScale s = fb_scale<T>(a, tk);
           tscale[l] = s.scale;
           const uint64_t cb = (l * H + c0) / kFb;
           if (row_out) a.scale_inv[b * a.row_scales + rt * cbpad + cb] = s.scale_inv;
@@ -396,8 +451,14 @@ cudaError_t launch_fp8_block(const Fp8BlockCall& call, cudaStream_t stream,
   auto* const kernel = &fp8_block_kernel<Spec, T, kBwd>;
   // Above 48 KiB a kernel must opt in to its dynamic shared memory (a function attribute, not a
   // stream operation: also fine while a graph is captured).
+  // The largest shared-memory carveout: the blocks per SM the register cap allows also fit there.
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(Smem::kBytes));
+      e != cudaSuccess) {
+    return e;
+  }
+  if (cudaError_t e = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
       e != cudaSuccess) {
     return e;
   }
