@@ -119,10 +119,10 @@ def decide(
         (``te_jax_gemm`` has a CUDA handler only): ``"ffi"`` then needs that target on the
         default backend, not just te_jax's extension.
       kernel_dtypes: the input dtypes the kernel takes (float32, bfloat16, float16 unless said).
-      backends: the backends whose kernel takes this call (a scaling mode, or a call of it,
-        that the kernels of some backends do not take: ``ScalingModeImpl.kernel_backends_for``);
-        ``None``: every backend with the kernel. Elsewhere the call takes the pure-JAX path,
-        and ``"ffi"`` raises.
+      backends: the backends whose kernel takes this call (a scaling mode the kernels of some
+        backends do not quantize in: ``ScalingModeImpl.kernel_backends``); ``None``: every
+        backend with the kernel. Elsewhere the call takes the pure-JAX path, and ``"ffi"``
+        raises.
 
     Raises:
       ValueError: an unknown ``implementation``.

@@ -84,9 +84,7 @@ def quantized_output(
     y_shape = kind.output_shape(act, jnp.shape(x))
     check_quantize_input(y_shape, dtype, quantizer, nf, f"te_jax.{op}")
     operands = _not_differentiable(op, tuple(operands))
-    gated_dact = kind is OpKind.DACT and act.is_gated
-    backends = cfg.spec.kernel_backends_for(y_shape, gated_dact=gated_dact)
-    if not use_ffi(op, implementation, dtype, backends=backends):
+    if not use_ffi(op, implementation, dtype, backends=cfg.spec.kernel_backends):
         dbias = None
         if kind is OpKind.ACT:
             y = activation_reference.act_lu(x, act, params)

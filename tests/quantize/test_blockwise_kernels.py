@@ -5,7 +5,8 @@ TransformerEngine's reference math in test_blockwise.py): codes, scales and thei
 bit for bit, dbias within float32 summation order (docs/numerics.md §2, §4-§5). Every mode meets
 each layout, input dtype, format, option (power-of-two scales on and off, an amax floor), shapes
 whose rows and features are not multiples of 128 or 4, gated and plain activations, a vmapped
-batch and NaN / inf inputs; and the backends a gated dact's kernel is taken on."""
+batch and NaN / inf inputs. A gated H both a multiple of 128 and not: the CUDA kernel tiles the two
+halves together, resp. the flattened ``[M, 2H]``."""
 
 from __future__ import annotations
 
@@ -19,8 +20,6 @@ import pytest
 
 import te_jax
 from helpers import ACT_BY_ALIAS, make_dz, make_x
-from te_jax import dispatch
-from te_jax.primitives.quantized.primitive import quantized_p
 from te_jax.quantize import Float8Block1DQuantizer, Float8Block2DQuantizer, QuantizeLayout
 
 from .cases import E4M3, E5M2, RC, make_y
@@ -109,11 +108,8 @@ def _kernel_and_reference(q, xq, x, xg, dz, dzg):
         ref.append(quantize(y, q, implementation="xla"))
     dbias = []
     for dza, xa, act, nf in ((dz, x, "gelu", 1), (dzg, xg, "swiglu", 2)):
-        # A gated dact whose H is not a multiple of 128 has no CUDA kernel (pure JAX there).
-        takes = q.scaling_mode.impl.kernel_backends_for(xa.shape, gated_dact=nf == 2)
-        ffi = takes is None or jax.default_backend() in takes
         fused = te_jax.quantize_dact_dbias(
-            dza, xa, act, is_dbias=True, quantizer=q, implementation="ffi" if ffi else None
+            dza, xa, act, is_dbias=True, quantizer=q, implementation="ffi"
         )
         kernel.append(fused[0])
         dx = te_jax.dact_lu(dza, xa, act, implementation="ffi")
@@ -226,41 +222,3 @@ def test_nonfinite_inputs(dims, rng):
     for name, k, w in zip(("quantize", "act_lu", "dact_lu"), kernel, want, strict=True):
         assert_same(k, w, f"{dims}D non-finite {name}")
     assert float(kernel[0].scale_inv[0, 5 if dims == 1 else 0]) == 1.0  # the NaN's block
-
-
-def test_gated_dact_kernel_backends(monkeypatch):
-    """The CUDA kernel of a gated dact needs H a multiple of 128 (the CPU's takes any H): the
-    mode says which backends take each call, and dispatch routes the others to pure JAX (an
-    error under implementation='ffi')."""
-    for mode in (Float8Block1DQuantizer.scaling_mode, Float8Block2DQuantizer.scaling_mode):
-        impl = mode.impl
-        assert impl.kernel_backends is None
-        assert impl.kernel_backends_for((3, 70, 2, 150), gated_dact=True) == {"cpu"}
-        assert impl.kernel_backends_for((3, 70, 2, 256), gated_dact=True) is None
-        assert impl.kernel_backends_for((3, 70, 150)) is None  # act_lu, quantize, plain dact
-        assert impl.kernel_backends_for((3, 70, 2, 150)) is None  # act_lu of a gated x
-    cpu_only = frozenset({"cpu"})
-    decide = functools.partial(dispatch.decide, "quantize_dact_dbias", dtype=BF16)
-    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    assert decide(None, backends=cpu_only) in (dispatch.Path.KERNEL, dispatch.Path.PRIMITIVE)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert decide(None, backends=cpu_only) is dispatch.Path.XLA
-    assert decide(None, backends=None) is not dispatch.Path.XLA
-    with pytest.raises(RuntimeError, match="implementation='ffi' but te_jax has no kernels"):
-        decide("ffi", backends=cpu_only)
-
-
-def test_gated_dact_takes_the_decided_path(monkeypatch):
-    """The public op asks the mode per call: on a GPU a gated dact binds the primitive only
-    where H is a multiple of 128 (no compilation here: the traced program)."""
-    q = Float8Block1DQuantizer(q_layout=RC)
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-
-    def binds(h):
-        x, dz = jnp.zeros((4, 2, h), BF16), jnp.zeros((4, h), BF16)
-        jaxpr = jax.make_jaxpr(
-            lambda dz, x: te_jax.quantize_dact_dbias(dz, x, "swiglu", is_dbias=True, quantizer=q)
-        )(dz, x)
-        return any(e.primitive is quantized_p for e in jaxpr.jaxpr.eqns)
-
-    assert not binds(150) and binds(256)

@@ -175,8 +175,7 @@ class ScalingModeImpl:
         left (blockwise FP8); otherwise the blocked axes must be multiples of the block.
       kernel_backends: the backends (``jax.default_backend()`` names) whose te_jax kernels
         quantize in this mode, ``None`` for every backend te_jax builds; elsewhere its ops take
-        the pure-JAX path (``te_jax.dispatch.decide``). ``kernel_backends_for`` narrows it per
-        call.
+        the pure-JAX path (``te_jax.dispatch.decide``).
     """
 
     mode: ClassVar[ScalingMode]
@@ -296,13 +295,6 @@ class ScalingModeImpl:
 
     def check_kernel_shape(self, op: str, shape: tuple) -> None:
         """Raises ``ValueError`` when the kernels cannot take data of ``shape`` (trace time)."""
-
-    def kernel_backends_for(self, y_shape: tuple, gated_dact: bool = False):
-        """The backends whose kernels take this call (``None``: every backend te_jax builds),
-        the ``backends`` of ``te_jax.dispatch.decide``: ``kernel_backends`` unless a backend's
-        kernel cannot take this output. ``y_shape``: the op's output (unbatched);
-        ``gated_dact``: a dact of a gated activation (``y`` is ``(..., 2, H)``)."""
-        return self.kernel_backends
 
     # --- sharding -----------------------------------------------------------------------------
 
@@ -683,13 +675,6 @@ class _Float8BlockScaling(ScalingModeImpl):
         return (("scale_inv",) if layout.has_rowwise else ()) + (
             ("colwise_scale_inv",) if layout.has_colwise else ()
         )
-
-    def kernel_backends_for(self, y_shape, gated_dact=False):
-        # The CUDA kernel of a gated dact takes the halves of (..., 2, H) in 128-column tiles:
-        # H must be a multiple of 128 there. The CPU kernel takes every shape.
-        if gated_dact and y_shape[-1] % self.block_size:
-            return frozenset({"cpu"})
-        return self.kernel_backends
 
     # --- the scale layouts (class doc) as two axes per copy -----------------------------------
     # A copy [R, C] stores its scales as two axes, each given by R or C as one of three kinds:

@@ -3,8 +3,10 @@
 // other modes' tiles are 32). Formulas and layouts: common/quant_output.h, docs/numerics.md
 // §4-§5; the bits equal activation/cpu/fp8_block.cc's (dbias up to its summation order).
 //
-// A thread block (8 warps) owns a tile of 128 rows x 128 columns of each output half (the gated
-// backward writes both halves of 128 columns of H; its 1x128 blocks then need H % 128 == 0):
+// A thread block (8 warps) owns a tile of 128 rows x 128 columns of each output half. The gated
+// backward writes both halves of 128 columns of H where H % 128 == 0 (its 1x128 blocks then
+// never straddle the halves); otherwise ("flat") its tile is 128 columns of [M, 2H] itself, each
+// value computed from its own half's inputs (both x halves and dz read for each):
 //   1. produce: warp w computes rows 16w .. 16w + 15, lane L columns 4L .. 4L + 3 (one 8- or
 //      16-byte load per input and row), rounds the values to x's dtype and keeps them in shared
 //      memory; along the way the row maxima (a warp max per row), the lane's column maxima and
@@ -68,14 +70,14 @@ struct Fp8BlockArgs {
   bool vec_col;  // 16-byte colwise code stores (Mb % 16 == 0, aligned)
 };
 
-template <typename Spec, bool kBwd>
-constexpr int kFbHalves = kBwd ? Spec::kActLen : 1;
+template <typename Spec, bool kBwd, bool kFlat>
+constexpr int kFbHalves = kBwd && !kFlat ? Spec::kActLen : 1;
 
 // Dynamic shared memory of one block: the values, then the per-warp column partials, the dbias
 // partials, the row and column scales and the 2D tile scales.
-template <typename Spec, typename T, bool kBwd>
+template <typename Spec, typename T, bool kBwd, bool kFlat>
 struct Fp8BlockSmem {
-  static constexpr int kHalves = kFbHalves<Spec, kBwd>;
+  static constexpr int kHalves = kFbHalves<Spec, kBwd, kFlat>;
   static constexpr int kRowWords = kFb * static_cast<int>(sizeof(T)) / 4;
   static constexpr size_t kVals = size_t{kHalves} * kFb * kRowWords * 4;
   static constexpr size_t kPartials = size_t{kHalves} * kWarps * kFb * 4;
@@ -128,14 +130,52 @@ __device__ __forceinline__ Pack<T, 4> fb_load4(const T* p, bool vec, int n) {
 }
 
 // Blocks per SM the registers are capped for: 3 (<= 85 registers; 3 x 38 KiB of shared memory
-// for 16-bit inputs), 2 for the gated backward (its 16-bit tile is 80 KiB).
+// for 16-bit inputs), 2 for the gated backward (its 16-bit tile of both halves is 80 KiB).
 template <typename Spec, bool kBwd>
 constexpr int kFbBlocksPerSm = kBwd && Spec::kGated ? 2 : 3;
 
-template <typename Spec, typename T, bool kBwd>
+// The gated backward's flat tile: a lane's 3 x 4 inputs of flat columns c .. c + 3 of [M, 2H]
+// (both x halves and dz at each one's column of H), the first n valid.
+template <typename T>
+__device__ __forceinline__ void fb_load_flat(const T* x, const T* dz, uint64_t gr, uint64_t c,
+                                             uint64_t H, int n, bool vec, Pack<T, 4> (&raw)[3]) {
+  if (vec) {  // H % 4 == 0: the 4 columns are in one half
+    const uint64_t h = c >= H ? c - H : c;
+    raw[0] = fb_load4(x + gr * 2 * H + h, true, n);
+    raw[1] = fb_load4(x + gr * 2 * H + H + h, true, n);
+    raw[2] = fb_load4(dz + gr * H + h, true, n);
+    return;
+  }
+  using U = std::conditional_t<sizeof(T) == 4, unsigned, unsigned short>;
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+#pragma unroll
+    for (int k = 0; k < static_cast<int>(sizeof(T)); ++k) raw[i].w[k] = 0u;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j < n) {
+      const uint64_t cj = c + j, h = cj >= H ? cj - H : cj;
+      const U* src[3] = {reinterpret_cast<const U*>(x + gr * 2 * H + h),
+                         reinterpret_cast<const U*>(x + gr * 2 * H + H + h),
+                         reinterpret_cast<const U*>(dz + gr * H + h)};
+#pragma unroll
+      for (int i = 0; i < 3; ++i) {
+        const uint32_t v = __ldg(src[i]);
+        if constexpr (sizeof(T) == 4) {
+          raw[i].w[j] = v;
+        } else {
+          raw[i].w[j / 2] |= v << (16 * (j % 2));
+        }
+      }
+    }
+  }
+}
+
+template <typename Spec, typename T, bool kBwd, bool kFlat>
 __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
     fp8_block_kernel(const Fp8BlockArgs a) {
-  using Smem = Fp8BlockSmem<Spec, T, kBwd>;
+  using Smem = Fp8BlockSmem<Spec, T, kBwd, kFlat>;
   constexpr int kHalves = Smem::kHalves, kInHalves = Spec::kActLen;
   constexpr int kRowWords = Smem::kRowWords;
   constexpr int kLaneWords = static_cast<int>(sizeof(T));  // words of a lane's 4 values
@@ -152,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const uint64_t H = a.H, Ny = a.y_cols, Mb = a.rows_per_batch;
+  const uint64_t W = kFlat ? Ny : H;  // the width the column tiles cover
   const T* x = static_cast<const T*>(a.x);
   const T* dz = static_cast<const T*>(a.dz);
   const bool row_out = a.data != nullptr, col_out = a.colwise != nullptr;
@@ -177,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
 
       // ---- 1. produce ----
       const uint64_t c = c0 + 4 * lane;
-      const int ncol = c < H ? static_cast<int>(std::min<uint64_t>(4, H - c)) : 0;
+      const int ncol = c < W ? static_cast<int>(std::min<uint64_t>(4, W - c)) : 0;
       // The lane's column keys (16-bit: two per word), its rows' max key and its own row's.
       uint32_t colk[kHalves][kLaneWords] = {}, tkey[kHalves] = {}, my_row_key[kHalves] = {};
       float dsum[kHalves][4] = {};
@@ -190,10 +231,14 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
           const int r = warp * kFbRowsPerWarp + i0 + s;
           const int n = r < tile_rows ? ncol : 0;
           const uint64_t gr = grow0 + r;
-          const T* xr = x + gr * (kInHalves * H) + c;
-          raw[s][0] = fb_load4(xr, a.vec_in, n);
-          if constexpr (Spec::kGated) raw[s][1] = fb_load4(xr + H, a.vec_in, n);
-          if constexpr (kBwd) raw[s][kInputs - 1] = fb_load4(dz + gr * H + c, a.vec_in, n);
+          if constexpr (kFlat) {
+            fb_load_flat(x, dz, gr, c, H, n, a.vec_in, raw[s]);
+          } else {
+            const T* xr = x + gr * (kInHalves * H) + c;
+            raw[s][0] = fb_load4(xr, a.vec_in, n);
+            if constexpr (Spec::kGated) raw[s][1] = fb_load4(xr + H, a.vec_in, n);
+            if constexpr (kBwd) raw[s][kInputs - 1] = fb_load4(dz + gr * H + c, a.vec_in, n);
+          }
         }
 #pragma unroll
         for (int s = 0; s < kRowStep; ++s) {
@@ -209,8 +254,12 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
               float da, db;
               act_backward<Spec>(in[2][j], in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params,
                                  da, db);
-              y[0][j] = da;
-              if constexpr (kHalves == 2) y[1][j] = db;
+              if constexpr (kFlat) {
+                y[0][j] = c + j >= H ? db : da;
+              } else {
+                y[0][j] = da;
+                if constexpr (kHalves == 2) y[1][j] = db;
+              }
             } else {
               y[0][j] = act_forward<Spec>(in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params);
             }
@@ -292,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
       if (tid < kHalves * kFb) {
         const int l = tid / kFb, cc = tid % kFb;
         const uint64_t col = l * H + c0 + cc;  // y column
-        const bool col_in = c0 + cc < H;
+        const bool col_in = c0 + cc < W;
         unsigned m = 0;
         float ds = 0.0f;
 #pragma unroll
@@ -402,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
 #pragma unroll
             for (int k = 0; k < 16; ++k) q[k] = __fmul_rn(v[h][k], s);
             const Pack<uint8_t, 16> codes = fp8_pack<16>(a.e5m2, q, __activemask());
-            if (c0 + cc < H && row0 < tile_rows) {
+            if (c0 + cc < W && row0 < tile_rows) {
               uint8_t* dst = a.colwise + (uint64_t{b} * Ny + l * H + c0 + cc) * Mb + rl0 + row0;
               if (a.vec_col) {
                 store_pack(dst, codes);
@@ -421,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
     if constexpr (kBwd) {
       if (a.dbias_ws != nullptr && tid < kHalves * kFb) {
         const int l = tid / kFb, cc = tid % kFb;
-        if (c0 + cc < H) {
+        if (c0 + cc < W) {
           a.dbias_ws[(uint64_t{b} * a.groups + g) * Ny + l * H + c0 + cc] = dacc;
         }
       }
@@ -443,12 +492,12 @@ struct Fp8BlockCall {
   int64_t groups;
 };
 
-template <typename Spec, typename T, bool kBwd>
-cudaError_t launch_fp8_block(const Fp8BlockCall& call, cudaStream_t stream,
-                             const LaunchConfig& cfg) {
-  using Smem = Fp8BlockSmem<Spec, T, kBwd>;
+template <typename Spec, typename T, bool kBwd, bool kFlat>
+cudaError_t launch_fp8_block_as(const Fp8BlockCall& call, cudaStream_t stream,
+                                const LaunchConfig& cfg) {
+  using Smem = Fp8BlockSmem<Spec, T, kBwd, kFlat>;
   constexpr int kHalves = Smem::kHalves;
-  auto* const kernel = &fp8_block_kernel<Spec, T, kBwd>;
+  auto* const kernel = &fp8_block_kernel<Spec, T, kBwd, kFlat>;
   // Above 48 KiB a kernel must opt in to its dynamic shared memory (a function attribute, not a
   // stream operation: also fine while a graph is captured).
   // The largest shared-memory carveout: the blocks per SM the register cap allows also fit there.
@@ -473,18 +522,17 @@ cudaError_t launch_fp8_block(const Fp8BlockCall& call, cudaStream_t stream,
   }
   const QuantOutput& q = *call.q;
   const uint64_t H = static_cast<uint64_t>(call.hidden);
-  // The gated backward's tile holds both halves of its columns: its rowwise blocks must not
-  // straddle them (Python sends other shapes to the pure-JAX path).
+  // A tile of both halves: its rowwise blocks must not straddle them (launch_fp8_block).
   if (kHalves == 2 && H % kFb != 0) return cudaErrorInvalidValue;
   Fp8BlockArgs a{};
   a.x = call.x;
   a.dz = call.dz;
   a.H = H;
-  a.y_cols = kHalves * H;
+  a.y_cols = (kFlat ? 2 : kHalves) * H;
   a.batches = static_cast<uint32_t>(q.batches);
   a.rows_per_batch = static_cast<uint64_t>(call.rows / q.batches);
   const uint64_t row_tiles = (a.rows_per_batch + kFb - 1) / kFb;
-  const uint64_t col_tiles = (H + kFb - 1) / kFb;
+  const uint64_t col_tiles = ((kFlat ? a.y_cols : H) + kFb - 1) / kFb;
   const uint64_t groups = call.ws != nullptr ? static_cast<uint64_t>(call.groups) : row_tiles;
   if (row_tiles > 0x7fffffff || col_tiles > 0x7fffffff || groups > 0x7fffffff ||
       q.batches > 0x7fffffff) {
@@ -512,7 +560,7 @@ cudaError_t launch_fp8_block(const Fp8BlockCall& call, cudaStream_t stream,
   };
   constexpr uintptr_t kLoadBytes = 4 * sizeof(T);
   a.vec_in = H % 4 == 0 && aligned(call.x, kLoadBytes) && (!kBwd || aligned(call.dz, kLoadBytes));
-  a.vec_row = H % 4 == 0 && aligned(q.data, 4);
+  a.vec_row = (kFlat ? a.y_cols : H) % 4 == 0 && aligned(q.data, 4);
   a.vec_col = a.rows_per_batch % 16 == 0 && aligned(q.colwise, 16);
   const uint64_t cap = cfg.max_blocks > 0 ? cfg.max_blocks : ~uint64_t{0};
   const uint64_t gx = std::clamp<uint64_t>(col_tiles, 1, std::min<uint64_t>(cap, 0x7fffffff));
@@ -527,6 +575,23 @@ cudaError_t launch_fp8_block(const Fp8BlockCall& call, cudaStream_t stream,
                                  false);
   }
   return cudaSuccess;
+}
+
+// The gated backward in tiles of both halves where H % 128 == 0, else flat.
+template <typename Spec, typename T, bool kBwd>
+cudaError_t launch_fp8_block(const Fp8BlockCall& call, cudaStream_t stream,
+                             const LaunchConfig& cfg) {
+  if constexpr (kBwd && Spec::kGated) {
+    if (cfg.load_only) {
+      if (cudaError_t e = launch_fp8_block_as<Spec, T, kBwd, false>(call, stream, cfg);
+          e != cudaSuccess) {
+        return e;
+      }
+      return launch_fp8_block_as<Spec, T, kBwd, true>(call, stream, cfg);
+    }
+    if (call.hidden % kFb != 0) return launch_fp8_block_as<Spec, T, kBwd, true>(call, stream, cfg);
+  }
+  return launch_fp8_block_as<Spec, T, kBwd, false>(call, stream, cfg);
 }
 
 }  // namespace te_jax::cuda::quant
