@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from te_jax import _ffi
-from te_jax.primitives.gemm import TARGET, GemmScaleMode, bind_gemm
+from te_jax.primitives.gemm import TARGET, GemmEpilogue, GemmScaleMode, bind_gemm
 from te_jax.primitives.gemm.checks import block_scale_shape
 
 KERNEL = _ffi.target_available(TARGET, jax.default_backend())
@@ -83,6 +83,40 @@ def test_block_scaled_gemm_is_the_product_of_the_dequantized_blocks(modes, shape
     err = np.abs(np.asarray(out, np.float64) - want)
     assert out.shape == (m, n) and out.dtype == out_dtype
     assert np.all(err <= sums + ulp * np.abs(want) + 1e-30), float((err - sums).max())
+
+
+@pytest.mark.parametrize("impl", [None, "xla"] if KERNEL else [None])
+def test_block_scaled_gemm_with_the_gelu_epilogue(impl):
+    """cuBLASLt's block-scaled GEMM has only the plain epilogue: GELU_AUX with a bias takes its
+    float32 accumulator (block scales applied) and the bias, GELU and the one rounding in XLA
+    (docs/numerics.md §8): out = gelu(h), aux = h, h = a·b + bias."""
+    m, k, n = 256, 256, 256
+    rng = np.random.default_rng(7)
+    a, b, (sa, sb) = _operands(rng, m, k, n, (M1, M2))
+    bias = jnp.asarray(rng.normal(size=(n,)), jnp.bfloat16)
+    res = bind_gemm(
+        a,
+        b,
+        bias,
+        lhs_scale_inv=sa,
+        rhs_scale_inv=sb,
+        rhs_trans=True,
+        out_dtype=jnp.bfloat16,
+        epilogue=GemmEpilogue.GELU_AUX,
+        lhs_scale_mode=M1,
+        rhs_scale_mode=M2,
+        implementation=impl,
+    )
+    da = np.asarray(a.astype(jnp.float32), np.float64) * _expand(sa, M1, m, k)
+    db = np.asarray(b.astype(jnp.float32), np.float64) * _expand(sb, M2, n, k)
+    h = da @ db.T + np.asarray(bias, np.float64)
+    gelu = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+    sums = (2.0**-9 if KERNEL and impl is None else k * 2.0**-23) * (np.abs(da) @ np.abs(db).T)
+    # |gelu'| < 1.13: the accumulator's error passes through at most that much amplified
+    for got, want, gain in ((res.aux, h, 1.0), (res.out, gelu, 1.13)):
+        err = np.abs(np.asarray(got, np.float64) - want)
+        bound = gain * sums + 2.0**-8 * np.abs(want) + 1e-3 * np.abs(want) + 1e-30
+        assert np.all(err <= bound), float((err - bound).max())
 
 
 def test_block_scaled_gemm_refuses_what_it_cannot_run():
