@@ -9,7 +9,9 @@
 //      (bits);
 //   4. dbias (backward with a workspace) against a float64 host sum, and bit-identical when the
 //      grid is capped (another summation schedule) and on a second run;
-//   5. the amax passes (q.emit == AMAX_PASS, only amax [and dbias]).
+//   5. the amax passes (q.emit == AMAX_PASS, only amax [and dbias]);
+//   6. blockwise FP8 (1x128 and 128x128 blocks, activation/cuda/quantize/fp8_block.cuh): codes,
+//      float32 scales and the scale layouts' zero padding, power-of-two scales on even M.
 // Also: load_only for every (activation, dtype, mode), and CUDA graph capture of quantizing
 // launches after a load_only pass (as the Initialize stage does). It is meant to be run on the GPU,
 // also under compute-sanitizer (use --quick there). `--bench` times the kernels on 1 GiB operands
@@ -44,7 +46,7 @@ namespace {
 
 std::mt19937 g_rng(4242);
 
-enum class QM { DELAYED, CURRENT, MX, NVFP4, AMAX };
+enum class QM { DELAYED, CURRENT, MX, NVFP4, AMAX, BLOCK1D, BLOCK2D };
 const char* qm_name(QM m) {
   switch (m) {
     case QM::DELAYED: return "DELAYED";
@@ -52,6 +54,8 @@ const char* qm_name(QM m) {
     case QM::MX: return "MXFP8";
     case QM::NVFP4: return "NVFP4";
     case QM::AMAX: return "AMAX";
+    case QM::BLOCK1D: return "FP8_BLOCK_1D";
+    case QM::BLOCK2D: return "FP8_BLOCK_2D";
   }
   return "?";
 }
@@ -119,7 +123,13 @@ uint32_t key_of(float v) { return bits(v) & 0x7fffffffu; }
 struct Outputs {
   std::vector<uint8_t> data, colwise, bscale, cbscale;
   std::vector<float> scale_inv, amax;
+  std::vector<float> fscale, cfscale;  // blockwise FP8's float32 scales (padding included)
 };
+
+// Blockwise FP8's options in these tests: power-of-two scales on even M, an amax floor on the
+// cases with special values (their zero and subnormal blocks fall below it).
+bool block_pow2(const TestSpec& s) { return s.M % 2 == 0; }
+uint32_t block_eps_bits(const TestSpec& s) { return s.special ? bits(0x1p-10f) : 0u; }
 
 // y: [M, N] float (rounded to x's dtype), N = O * H.
 Outputs reference(const TestSpec& s, const std::vector<float>& y, int64_t M, int64_t N,
@@ -241,6 +251,81 @@ Outputs reference(const TestSpec& s, const std::vector<float>& y, int64_t M, int
       break;
     }
     case QM::AMAX: break;
+    case QM::BLOCK1D:
+    case QM::BLOCK2D: {
+      // Per batch: the copy [mb, N] and its transpose [N, mb], scales in cuBLASLt's layouts.
+      const bool d2 = s.mode == QM::BLOCK2D;
+      const int64_t rs = fp8_block_scale_count(d2, mb, N), cs = fp8_block_scale_count(d2, N, mb);
+      const int64_t rbs = (mb + 127) / 128, cbs = (N + 127) / 128;
+      const int64_t rb_pad = (rbs + 3) / 4 * 4, cb_pad = (cbs + 3) / 4 * 4;
+      const int64_t r_pad = (mb + 3) / 4 * 4, n_pad = (N + 3) / 4 * 4;
+      const float Q = qmax8(s.qtype);
+      auto scale_of = [&](uint32_t key) {
+        return fmt::fp8_block_scale(key, Q, block_eps_bits(s), block_pow2(s));
+      };
+      if (s.row) {
+        r.data.resize(M * N);
+        r.fscale.assign(B * rs, 0.0f);
+      }
+      if (s.col) {
+        r.colwise.resize(M * N);
+        r.cfscale.assign(B * cs, 0.0f);
+      }
+      auto put = [&](int64_t b, int64_t i, int64_t c, float sc) {  // i: row within the batch
+        const uint8_t code = enc8(s.qtype, fmt::mul_exact(Y(b * mb + i, c), sc));
+        if (s.row) r.data[(b * mb + i) * N + c] = code;
+        if (s.col) r.colwise[b * N * mb + c * mb + i] = code;
+      };
+      for (int64_t b = 0; b < B; ++b) {
+        if (d2) {
+          for (int64_t rb = 0; rb < rbs; ++rb) {
+            for (int64_t cb = 0; cb < cbs; ++cb) {
+              const int64_t i1 = std::min(mb, 128 * rb + 128), c1 = std::min(N, 128 * cb + 128);
+              uint32_t key = 0;
+              for (int64_t i = 128 * rb; i < i1; ++i)
+                for (int64_t c = 128 * cb; c < c1; ++c) key = std::max(key, key_of(Y(b * mb + i, c)));
+              const fmt::BlockScale sc = scale_of(key);
+              for (int64_t i = 128 * rb; i < i1; ++i)
+                for (int64_t c = 128 * cb; c < c1; ++c) put(b, i, c, sc.scale);
+              if (s.row) r.fscale[b * rs + rb * cb_pad + cb] = sc.scale_inv;
+              if (s.col) r.cfscale[b * cs + cb * rb_pad + rb] = sc.scale_inv;
+            }
+          }
+          continue;
+        }
+        // 1D: each copy quantized from y, blocks along its own rows.
+        if (s.row) {
+          for (int64_t i = 0; i < mb; ++i) {
+            for (int64_t cb = 0; cb < cbs; ++cb) {
+              const int64_t c1 = std::min(N, 128 * cb + 128);
+              uint32_t key = 0;
+              for (int64_t c = 128 * cb; c < c1; ++c) key = std::max(key, key_of(Y(b * mb + i, c)));
+              const fmt::BlockScale sc = scale_of(key);
+              for (int64_t c = 128 * cb; c < c1; ++c) {
+                r.data[(b * mb + i) * N + c] = enc8(s.qtype, fmt::mul_exact(Y(b * mb + i, c), sc.scale));
+              }
+              r.fscale[b * rs + cb * r_pad + i] = sc.scale_inv;
+            }
+          }
+        }
+        if (s.col) {
+          for (int64_t c = 0; c < N; ++c) {
+            for (int64_t rb = 0; rb < rbs; ++rb) {
+              const int64_t i1 = std::min(mb, 128 * rb + 128);
+              uint32_t key = 0;
+              for (int64_t i = 128 * rb; i < i1; ++i) key = std::max(key, key_of(Y(b * mb + i, c)));
+              const fmt::BlockScale sc = scale_of(key);
+              for (int64_t i = 128 * rb; i < i1; ++i) {
+                r.colwise[b * N * mb + c * mb + i] =
+                    enc8(s.qtype, fmt::mul_exact(Y(b * mb + i, c), sc.scale));
+              }
+              r.cfscale[b * cs + rb * n_pad + c] = sc.scale_inv;
+            }
+          }
+        }
+      }
+      break;
+    }
   }
   return r;
 }
@@ -284,7 +369,7 @@ void compare_floats(const std::string& tag, const char* what, const std::vector<
 // Device outputs of one quantizing launch.
 struct DevOut {
   DevBuf<uint8_t> data, colwise, bscale, cbscale;
-  DevBuf<float> scale, scale_inv, amax, ws;
+  DevBuf<float> scale, scale_inv, amax, ws, fscale, cfscale;
   DevBuf<char> dbias;  // bytes
 };
 
@@ -357,16 +442,21 @@ void run_case(const TestSpec& s) {
     // 2. the quantizing launch.
     const bool tensor = s.mode == QM::DELAYED || s.mode == QM::CURRENT;
     const bool nvfp4 = s.mode == QM::NVFP4;
+    const bool fp8_block = s.mode == QM::BLOCK1D || s.mode == QM::BLOCK2D;
+    const bool d2 = s.mode == QM::BLOCK2D;
     const int64_t data_bytes = nvfp4 ? M * N / 2 : M * N;
     const int64_t bs = s.mode == QM::MX ? 32 : 16;
     DevOut o;
     o.data.alloc(s.row && s.mode != QM::AMAX ? data_bytes : 0, mis);
     o.colwise.alloc(s.col && s.mode != QM::AMAX ? data_bytes : 0, mis);
-    o.bscale.alloc(!tensor && s.row && s.mode != QM::AMAX ? M * N / bs : 0, mis);
-    o.cbscale.alloc(!tensor && s.col && s.mode != QM::AMAX ? M * N / bs : 0, mis);
+    const bool byte_scales = !tensor && !fp8_block && s.mode != QM::AMAX;
+    o.bscale.alloc(byte_scales && s.row ? M * N / bs : 0, mis);
+    o.cbscale.alloc(byte_scales && s.col ? M * N / bs : 0, mis);
+    o.fscale.alloc(fp8_block && s.row ? B * fp8_block_scale_count(d2, mb, N) : 0, 0);
+    o.cfscale.alloc(fp8_block && s.col ? B * fp8_block_scale_count(d2, N, mb) : 0, 0);
     o.scale.alloc(B, 0);
     o.scale_inv.alloc(tensor || nvfp4 ? B : 0, 0);
-    const bool want_amax = s.mode != QM::CURRENT && s.mode != QM::MX;
+    const bool want_amax = s.mode != QM::CURRENT && s.mode != QM::MX && !fp8_block;
     o.amax.alloc(want_amax ? B : 0, 0);
     const bool dbias = s.bwd && s.groups > 0;
     o.ws.alloc(dbias ? B * s.groups * N : 0, 0);
@@ -377,6 +467,7 @@ void run_case(const TestSpec& s) {
     q.emit = s.mode == QM::AMAX    ? QuantEmit::AMAX_PASS
              : s.mode == QM::MX    ? QuantEmit::MXFP8
              : s.mode == QM::NVFP4 ? QuantEmit::NVFP4
+             : fp8_block           ? QuantEmit::FP8_BLOCK
                                    : QuantEmit::TENSOR;
     q.qtype = s.qtype;
     q.batches = B;
@@ -388,6 +479,11 @@ void run_case(const TestSpec& s) {
     q.block_scale = o.bscale.get();
     q.colwise_block_scale = o.cbscale.get();
     q.amax = o.amax.get();
+    q.block_scale_f32 = o.fscale.get();
+    q.colwise_block_scale_f32 = o.cfscale.get();
+    q.block_2d = d2;
+    q.power_2_scale = block_pow2(s);
+    q.amax_epsilon_bits = block_eps_bits(s);
 
     auto launch = [&](unsigned max_blocks, cudaStream_t stream, bool load_only) {
       cuda::LaunchConfig cfg;
@@ -422,6 +518,8 @@ void run_case(const TestSpec& s) {
       o.colwise.poison();
       o.bscale.poison();
       o.cbscale.poison();
+      o.fscale.poison();
+      o.cfscale.poison();
       o.scale_inv.poison();
       o.amax.poison();
       o.ws.poison();
@@ -437,9 +535,15 @@ void run_case(const TestSpec& s) {
     if (s.mode != QM::AMAX) {
       if (s.row) compare_bytes(tag, "data", o.data.download(), want.data);
       if (s.col) compare_bytes(tag, "colwise", o.colwise.download(), want.colwise);
-      if (!tensor && s.row) compare_bytes(tag, "scale_inv", o.bscale.download(), want.bscale);
-      if (!tensor && s.col) {
+      if (byte_scales && s.row) {
+        compare_bytes(tag, "scale_inv", o.bscale.download(), want.bscale);
+      }
+      if (byte_scales && s.col) {
         compare_bytes(tag, "colwise_scale_inv", o.cbscale.download(), want.cbscale);
+      }
+      if (fp8_block && s.row) compare_floats(tag, "scale_inv", o.fscale.download(), want.fscale);
+      if (fp8_block && s.col) {
+        compare_floats(tag, "colwise_scale_inv", o.cfscale.download(), want.cfscale);
       }
       if (tensor || nvfp4) {
         compare_floats(tag, "scale_inv", o.scale_inv.download(), want.scale_inv);
@@ -484,12 +588,15 @@ void run_case(const TestSpec& s) {
     // Determinism: a capped grid (another schedule of the same work) gives the same bits.
     const auto d0 = o.data.download(), c0 = o.colwise.download(), b0 = o.bscale.download(),
                cb0 = o.cbscale.download();
+    const auto fs0 = o.fscale.download(), cfs0 = o.cfscale.download();
     const auto a0 = o.amax.download(), si0 = o.scale_inv.download();
     poison_all();
     CHECK_CUDA(launch(g_quick ? 3 : 7, 0, false));
     CHECK_CUDA(cudaDeviceSynchronize());
     if (o.data.download() != d0 || o.colwise.download() != c0 || o.bscale.download() != b0 ||
         o.cbscale.download() != cb0 || o.dbias.download() != db0 ||
+        std::memcmp(o.fscale.download().data(), fs0.data(), fs0.size() * 4) != 0 ||
+        std::memcmp(o.cfscale.download().data(), cfs0.data(), cfs0.size() * 4) != 0 ||
         std::memcmp(o.amax.download().data(), a0.data(), a0.size() * 4) != 0 ||
         std::memcmp(o.scale_inv.download().data(), si0.data(), si0.size() * 4) != 0) {
       fail(tag + ": outputs differ with a capped grid");
@@ -583,7 +690,7 @@ void test_graph() {
 void test_load_only() {
   Case c;
   const QuantEmit emits[] = {QuantEmit::TENSOR, QuantEmit::MXFP8, QuantEmit::NVFP4,
-                             QuantEmit::AMAX_PASS};
+                             QuantEmit::AMAX_PASS, QuantEmit::FP8_BLOCK};
   cuda::LaunchConfig load;
   load.load_only = true;
   for (const ActivationEnum act : kActivations) {
@@ -629,15 +736,20 @@ void run_matrix(ActivationEnum act, bool full) {
   // Block modes: rowwise blocks need H % 32 (MXFP8) / 16 (NVFP4), colwise rows per batch likewise.
   std::vector<Shape> mxshapes = {{64, 64, 1, 0}, {128, 96, 2, 0}, {96, 32, 3, 0}, {64, 288, 1, 1}};
   std::vector<Shape> fp4shapes = {{32, 48, 1, 0}, {48, 80, 3, 0}, {64, 16, 2, 0}, {32, 32, 1, 1}};
+  // Blockwise FP8: any shape. Partial tiles and a gated H not a multiple of 128 (the flat tile);
+  // whole tiles, two batches and the gated backward's tile of both halves; misaligned.
+  std::vector<Shape> blkshapes = {{130, 150, 1, 0}, {256, 256, 2, 0}, {70, 40, 1, 1}};
   if (g_quick) {  // under compute-sanitizer
     tshapes.resize(3);
     mxshapes.resize(2);
     fp4shapes.resize(2);
+    blkshapes.resize(2);
   }
   if (full && !g_quick) {
     tshapes.push_back({1031, 520, 1, 0});
     mxshapes.push_back({256, 1024, 2, 0});
     fp4shapes.push_back({160, 528, 1, 0});
+    blkshapes.push_back({301, 520, 1, 0});
   }
   const bool bwds[] = {false, true};
   for (bool bwd : bwds) {
@@ -669,6 +781,13 @@ void run_matrix(ActivationEnum act, bool full) {
       for (const Shape& sh : fp4shapes) {
         run_case<T>({act, bwd, QM::NVFP4, QType::E2M1, row, col, sh.M, sh.H, sh.B, next_groups(),
                      sh.mis, sh.M * sh.H >= 256});
+      }
+      for (const Shape& sh : blkshapes) {
+        for (QM m : {QM::BLOCK1D, QM::BLOCK2D}) {
+          const QType qt = (sh.M + (m == QM::BLOCK2D)) % 2 ? QType::E5M2 : QType::E4M3;
+          run_case<T>({act, bwd, m, qt, row, col, sh.M, sh.H, sh.B, next_groups(), sh.mis,
+                       sh.M * sh.H >= 256 && m == QM::BLOCK1D});
+        }
       }
     });
     // Colwise-only block modes with a hidden size that is no multiple of the block.
