@@ -16,13 +16,15 @@ Rows (``H = --hidden``, ``M`` rows so that one ``(M, H)`` tensor of ``--dtype`` 
 The composites are what a JAX user writes: tensor scaling ``amax = max|y|`` (current:
 ``scale = Q / amax``), ``clip(y · scale, ±Q).astype(fp8)``, colwise ``y.T``; MXFP8
 ``2^ceil(log2(block_amax / Q))`` per 32 values; NVFP4 ``S = 6·448 / amax``, E4M3 block scales per
-16 values, E2M1 codes. They are approximations of docs/numerics.md's exact rules with the same
-memory traffic, which is what is timed.
+16 values, E2M1 codes; blockwise FP8 ``2^floor(log2(Q / block_amax))`` per 1×128 block of each
+copy (``block1d``: the colwise copy from ``y.T``) or per 128×128 tile (``block2d``), float32
+``scale_inv`` (the shapes a multiple of 128, no padding). They are approximations of
+docs/numerics.md's exact rules with the same memory traffic, which is what is timed.
 
-Bytes counted (the minimum traffic): every input read once, every output
-written once (data, block scales; scalars ignored), plus one more read of the inputs for the
-two-pass modes (current scaling, NVFP4), whose second pass recomputes ``y`` from ``x``.
-``frac copy`` is the op's bandwidth over a device copy's (``jnp.copy`` of a uint32 array that
+Bytes counted (the minimum traffic): every input read once, every output written once (data,
+block scales, blockwise FP8's float32 ones included; scalars ignored), plus one more read of the
+inputs for the two-pass modes (current scaling, NVFP4), whose second pass recomputes ``y`` from
+``x``. ``frac copy`` is the op's bandwidth over a device copy's (``jnp.copy`` of a uint32 array that
 moves about the same bytes); the timing method is ``benchmarks/_timing.py``.
 """
 
@@ -53,7 +55,7 @@ ACTS = {"gelu": ("gelu",), "swiglu": ("silu", "linear")}
 class Case:
     op: str  # "act" | "dact+dbias" | "quantize"
     act: str | None
-    mode: str  # "delayed" | "current" | "mxfp8" | "nvfp4"
+    mode: str  # "delayed" | "current" | "mxfp8" | "nvfp4" | "block1d" | "block2d"
     layout: str  # "rowwise" | "colwise" | "2x"
     q_dtype: object = E4M3
     frac_target: float | None = None
@@ -95,6 +97,11 @@ CASES = [
     ),
     *(Case("quantize", None, "mxfp8", lay, E4M3, 0.80) for lay in ("rowwise", "colwise", "2x")),
     *(Case("quantize", None, "nvfp4", lay, E2M1, 0.80) for lay in ("rowwise", "2x")),
+    # Blockwise FP8 (Float8BlockScaling): the step's activations and gradients in 1x128 blocks,
+    # both copies; the weights in 128x128 tiles.
+    *(Case("act", a, "block1d", "2x", E4M3, 0.85) for a in ACTS),
+    *(Case("dact+dbias", a, "block1d", "2x", E4M3, 0.85) for a in ACTS),
+    *(Case("quantize", None, m, "2x", E4M3, 0.85) for m in ("block1d", "block2d")),
 ]
 
 
@@ -102,6 +109,8 @@ def _quantizer(case: Case):
     from te_jax.quantize import (
         CurrentScaleQuantizer,
         DelayedScaleQuantizer,
+        Float8Block1DQuantizer,
+        Float8Block2DQuantizer,
         MXFP8Quantizer,
         NVFP4Quantizer,
         QuantizeLayout,
@@ -115,7 +124,13 @@ def _quantizer(case: Case):
     if case.mode == "delayed":
         q = DelayedScaleQuantizer.create(q_dtype=case.q_dtype, amax_history_len=16, q_layout=layout)
         return dataclasses.replace(q, scale=jnp.asarray(0.5, jnp.float32))
-    cls = {"current": CurrentScaleQuantizer, "mxfp8": MXFP8Quantizer, "nvfp4": NVFP4Quantizer}
+    cls = {
+        "current": CurrentScaleQuantizer,
+        "mxfp8": MXFP8Quantizer,
+        "nvfp4": NVFP4Quantizer,
+        "block1d": Float8Block1DQuantizer,
+        "block2d": Float8Block2DQuantizer,
+    }
     return cls[case.mode](case.q_dtype, layout)
 
 
@@ -177,12 +192,40 @@ def _nvfp4_composite(y, case: Case):
     return out
 
 
+def _fp8_block_composite(y, case: Case):
+    q_max = Q_MAX[np.dtype(case.q_dtype)]
+    y32 = y.astype(jnp.float32)
+    m, n = y32.shape
+
+    def scaled(amax):  # power-of-two scales (the recipe's default), 1 for an all-zero block
+        scale = jnp.exp2(jnp.floor(jnp.log2(q_max / amax)))
+        return jnp.where(amax > 0, scale, 1.0)
+
+    out = {}
+    if case.mode == "block2d":  # one tile scale for both copies
+        t = y32.reshape(m // 128, 128, n // 128, 128)
+        s = scaled(jnp.max(jnp.abs(t), axis=(1, 3), keepdims=True))
+        q = jnp.clip(t * s, -q_max, q_max).astype(case.q_dtype).reshape(m, n)
+        out.update(data=q, colwise_data=q.T, scale_inv=(1.0 / s).reshape(m // 128, n // 128))
+        out["colwise_scale_inv"] = out["scale_inv"].T
+        return out
+    for key, copy in (("", y32), ("colwise_", y32.T)):  # 1x128 along each copy's rows
+        r, c = copy.shape
+        b = copy.reshape(r, c // 128, 128)
+        s = scaled(jnp.max(jnp.abs(b), axis=2, keepdims=True))
+        out[key + "data"] = jnp.clip(b * s, -q_max, q_max).astype(case.q_dtype).reshape(r, c)
+        out[key + "scale_inv"] = (1.0 / s).reshape(r, c // 128).T
+    return out
+
+
 def _composite(y, case: Case):
     y2 = y.reshape(-1, y.shape[-1]) if y.ndim != 2 else y
     if case.mode in ("delayed", "current"):
         return _tensor_composite(y2, case, jnp.float32(0.5))
     if case.mode == "mxfp8":
         return _mxfp8_composite(y2, case)
+    if case.mode in ("block1d", "block2d"):
+        return _fp8_block_composite(y2, case)
     return _nvfp4_composite(y2, case)
 
 
@@ -224,7 +267,12 @@ def _bytes(case: Case, m: int, h: int, itemsize: int) -> int:
     n_out = n_in if case.op == "dact+dbias" else m * h  # elements of the quantized tensor
     per_copy = n_out // 2 if case.mode == "nvfp4" else n_out
     copies = 2 if case.layout == "2x" else 1
-    scales = {"mxfp8": n_out // 32, "nvfp4": n_out // 16}.get(case.mode, 0)
+    scales = {
+        "mxfp8": n_out // 32,
+        "nvfp4": n_out // 16,
+        "block1d": n_out // 128 * 4,
+        "block2d": n_out // (128 * 128) * 4,
+    }.get(case.mode, 0)
     out = copies * (per_copy + scales)
     if case.op == "dact+dbias":
         out += n_in // m * 4  # dbias, float32
