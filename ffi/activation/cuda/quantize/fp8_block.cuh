@@ -52,7 +52,7 @@ struct Fp8BlockArgs {
   const void* x;
   const void* dz;
   uint64_t H;               // columns of each half
-  uint64_t y_cols;          // kOutHalves * H
+  uint64_t y_cols;          // columns of y: 2H for the gated backward, else H
   uint64_t rows_per_batch;  // Mb
   uint32_t batches, row_tiles, col_tiles, groups;
   ActParams params;
