@@ -26,11 +26,13 @@ CHECK_FILES = {
     "ops_sharded_checks.py": 4,
 }
 # The processes: the files each runs, and its part of them (K of N). The small files share
-# one (starting a process and importing jax and te_jax takes seconds); the MLP steps, the
-# slowest checks, are split over two (their file marks each test with its part: a family's
-# rows, which share its unsharded steps, in one).
+# one (starting a process and importing jax and te_jax takes seconds); the quantized ops run
+# in their own (every scaling mode's splits); the MLP steps, the slowest checks, are split
+# over two (their file marks each test with its part: a family's rows, which share its
+# unsharded steps, in one).
 PROCESSES = [
-    (("sharded_checks.py", "quantized_sharded_checks.py", "gemm_sharded_checks.py"), 0, 1),
+    (("sharded_checks.py", "gemm_sharded_checks.py"), 0, 1),
+    (("quantized_sharded_checks.py",), 0, 1),
     (("mlp_sharded_checks.py",), 0, 2),
     (("mlp_sharded_checks.py",), 1, 2),
     (("ops_sharded_checks.py",), 0, 1),
