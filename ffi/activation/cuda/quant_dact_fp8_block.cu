@@ -6,22 +6,11 @@ namespace te_jax::cuda {
 
 cudaError_t launch_dact_q_fp8_block(const DActProblem& p, cudaStream_t stream,
                                     const LaunchConfig& cfg) {
-  const quant::Fp8BlockCall call{p.x,      p.dz, p.rows,  p.hidden, p.params, &p.q,
-                          p.dbias != nullptr ? p.workspace : nullptr, p.dbias, p.groups};
-  cudaError_t err = cudaErrorInvalidValue;
-  with_activation(p.act, [&](auto spec) {
-    using Spec = decltype(spec);
-    if constexpr (!Spec::kGated && std::is_same_v<typename Spec::Act, act::Identity>) {
-      err = cudaErrorInvalidValue;
-    } else {
-      switch (p.dtype) {
-        case DType::F32: err = quant::launch_fp8_block<Spec, float, true>(call, stream, cfg); break;
-        case DType::BF16: err = quant::launch_fp8_block<Spec, __nv_bfloat16, true>(call, stream, cfg); break;
-        case DType::F16: err = quant::launch_fp8_block<Spec, __half, true>(call, stream, cfg); break;
-      }
-    }
+  const quant::QuantizeCall call = quant::backward_call(p);
+  return quant::dispatch_act_dtype<true>(p.act, p.dtype, [&](auto spec, auto t) {
+    return quant::launch_fp8_block<decltype(spec), typename decltype(t)::type, true>(call, stream,
+                                                                                 cfg);
   });
-  return err;
 }
 
 }  // namespace te_jax::cuda

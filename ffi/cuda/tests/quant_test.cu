@@ -271,55 +271,40 @@ Outputs reference(const TestSpec& s, const std::vector<float>& y, int64_t M, int
         r.colwise.resize(M * N);
         r.cfscale.assign(B * cs, 0.0f);
       }
-      auto put = [&](int64_t b, int64_t i, int64_t c, float sc) {  // i: row within the batch
-        const uint8_t code = enc8(s.qtype, fmt::mul_exact(Y(b * mb + i, c), sc));
-        if (s.row) r.data[(b * mb + i) * N + c] = code;
-        if (s.col) r.colwise[b * N * mb + c * mb + i] = code;
+      // Rows [i0, i1) x columns [c0, c1) of batch b as one block: its scale from its max|y|, its
+      // codes into the rowwise and / or the colwise copy; returns its scale_inv.
+      auto block = [&](int64_t b, int64_t i0, int64_t i1, int64_t c0, int64_t c1, bool to_row,
+                       bool to_col) {
+        uint32_t key = 0;
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t c = c0; c < c1; ++c) key = std::max(key, key_of(Y(b * mb + i, c)));
+        const fmt::BlockScale sc = scale_of(key);
+        for (int64_t i = i0; i < i1; ++i) {
+          for (int64_t c = c0; c < c1; ++c) {
+            const uint8_t code = enc8(s.qtype, fmt::mul_exact(Y(b * mb + i, c), sc.scale));
+            if (to_row) r.data[(b * mb + i) * N + c] = code;
+            if (to_col) r.colwise[b * N * mb + c * mb + i] = code;
+          }
+        }
+        return sc.scale_inv;
       };
       for (int64_t b = 0; b < B; ++b) {
-        if (d2) {
-          for (int64_t rb = 0; rb < rbs; ++rb) {
-            for (int64_t cb = 0; cb < cbs; ++cb) {
-              const int64_t i1 = std::min(mb, 128 * rb + 128), c1 = std::min(N, 128 * cb + 128);
-              uint32_t key = 0;
-              for (int64_t i = 128 * rb; i < i1; ++i)
-                for (int64_t c = 128 * cb; c < c1; ++c) key = std::max(key, key_of(Y(b * mb + i, c)));
-              const fmt::BlockScale sc = scale_of(key);
-              for (int64_t i = 128 * rb; i < i1; ++i)
-                for (int64_t c = 128 * cb; c < c1; ++c) put(b, i, c, sc.scale);
-              if (s.row) r.fscale[b * rs + rb * cb_pad + cb] = sc.scale_inv;
-              if (s.col) r.cfscale[b * cs + cb * rb_pad + rb] = sc.scale_inv;
+        for (int64_t rb = 0; rb < rbs; ++rb) {
+          const int64_t i0 = 128 * rb, i1 = std::min(mb, i0 + 128);
+          for (int64_t cb = 0; cb < cbs; ++cb) {
+            const int64_t c0 = 128 * cb, c1 = std::min(N, c0 + 128);
+            if (d2) {  // one tile scale for both copies
+              const float inv = block(b, i0, i1, c0, c1, s.row, s.col);
+              if (s.row) r.fscale[b * rs + rb * cb_pad + cb] = inv;
+              if (s.col) r.cfscale[b * cs + cb * rb_pad + rb] = inv;
+              continue;
             }
-          }
-          continue;
-        }
-        // 1D: each copy quantized from y, blocks along its own rows.
-        if (s.row) {
-          for (int64_t i = 0; i < mb; ++i) {
-            for (int64_t cb = 0; cb < cbs; ++cb) {
-              const int64_t c1 = std::min(N, 128 * cb + 128);
-              uint32_t key = 0;
-              for (int64_t c = 128 * cb; c < c1; ++c) key = std::max(key, key_of(Y(b * mb + i, c)));
-              const fmt::BlockScale sc = scale_of(key);
-              for (int64_t c = 128 * cb; c < c1; ++c) {
-                r.data[(b * mb + i) * N + c] = enc8(s.qtype, fmt::mul_exact(Y(b * mb + i, c), sc.scale));
-              }
-              r.fscale[b * rs + cb * r_pad + i] = sc.scale_inv;
+            // 1D: each copy from y, blocks along its own rows (1 x 128 of y, resp. 128 x 1).
+            for (int64_t i = i0; i < i1 && s.row; ++i) {
+              r.fscale[b * rs + cb * r_pad + i] = block(b, i, i + 1, c0, c1, true, false);
             }
-          }
-        }
-        if (s.col) {
-          for (int64_t c = 0; c < N; ++c) {
-            for (int64_t rb = 0; rb < rbs; ++rb) {
-              const int64_t i1 = std::min(mb, 128 * rb + 128);
-              uint32_t key = 0;
-              for (int64_t i = 128 * rb; i < i1; ++i) key = std::max(key, key_of(Y(b * mb + i, c)));
-              const fmt::BlockScale sc = scale_of(key);
-              for (int64_t i = 128 * rb; i < i1; ++i) {
-                r.colwise[b * N * mb + c * mb + i] =
-                    enc8(s.qtype, fmt::mul_exact(Y(b * mb + i, c), sc.scale));
-              }
-              r.cfscale[b * cs + rb * n_pad + c] = sc.scale_inv;
+            for (int64_t c = c0; c < c1 && s.col; ++c) {
+              r.cfscale[b * cs + rb * n_pad + c] = block(b, i0, i1, c, c + 1, false, true);
             }
           }
         }
@@ -527,6 +512,7 @@ void run_case(const TestSpec& s) {
     };
 
     Case c;
+    CHECK_CUDA(launch(0, 0, true));  // as the Initialize stage does, before any execute
     poison_all();
     CHECK_CUDA(launch(0, 0, false));
     CHECK_CUDA(cudaDeviceSynchronize());
@@ -918,6 +904,8 @@ void bench() {
     }
     return q;
   };
+  cuda::LaunchConfig load;
+  load.load_only = true;
   auto fwd = [&](ActivationEnum act, QuantOutput q, bool quantized = true) {
     ActLuProblem p{DType::BF16, act, ActParams{}, M, H, x.ptr, ybuf.ptr, amax.ptr};
     if (quantized) {
@@ -926,6 +914,7 @@ void bench() {
       p.y = nullptr;
       p.amax = nullptr;
     }
+    CHECK_CUDA(cuda::launch_act_lu(p, st, load));  // the Initialize stage's part, untimed
     return [=] { CHECK_CUDA(cuda::launch_act_lu(p, st, {})); };
   };
   auto amax_pass = [&](ActivationEnum act) {
@@ -966,6 +955,7 @@ void bench() {
     } else {
       p.amax = amax.ptr;
     }
+    CHECK_CUDA(cuda::launch_dact_dbias(p, st, load));  // the Initialize stage's part, untimed
     return [=] { CHECK_CUDA(cuda::launch_dact_dbias(p, st, {})); };
   };
   using SM = ScalingMode;

@@ -30,6 +30,7 @@
 
 #include "activation/activations.h"
 #include "activation/cuda/launch.h"
+#include "activation/cuda/quantize/call.cuh"
 #include "activation/problem.h"
 #include "common/formats.h"
 #include "cuda/device_utils.cuh"
@@ -480,43 +481,28 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
   }  // batches
 }
 
-// Everything the launcher needs, from either problem.
-struct Fp8BlockCall {
-  const void* x;
-  const void* dz;
-  int64_t rows, hidden;
-  ActParams params;
-  const QuantOutput* q;
-  float* ws;
-  void* dbias;
-  int64_t groups;
-};
-
 template <typename Spec, typename T, bool kBwd, bool kFlat>
-cudaError_t launch_fp8_block_as(const Fp8BlockCall& call, cudaStream_t stream,
+cudaError_t launch_fp8_block_as(const QuantizeCall& call, cudaStream_t stream,
                                 const LaunchConfig& cfg) {
   using Smem = Fp8BlockSmem<Spec, T, kBwd, kFlat>;
   constexpr int kHalves = Smem::kHalves;
   auto* const kernel = &fp8_block_kernel<Spec, T, kBwd, kFlat>;
-  // Above 48 KiB a kernel must opt in to its dynamic shared memory (a function attribute, not a
-  // stream operation: also fine while a graph is captured).
-  // The largest shared-memory carveout: the blocks per SM the register cap allows also fit there.
-  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(Smem::kBytes));
-      e != cudaSuccess) {
-    return e;
-  }
-  if (cudaError_t e = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-      e != cudaSuccess) {
-    return e;
-  }
-  constexpr DType kDType = std::is_same_v<T, float>           ? DType::F32
-                           : std::is_same_v<T, __nv_bfloat16> ? DType::BF16
-                                                              : DType::F16;
   if (cfg.load_only) {
+    // Set up once, by the Initialize stage (execute only enqueues): above 48 KiB a kernel must
+    // opt in to its dynamic shared memory, and the largest shared-memory carveout lets the
+    // blocks per SM the register cap allows fit there.
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(Smem::kBytes));
+        e != cudaSuccess) {
+      return e;
+    }
+    if (cudaError_t e = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        e != cudaSuccess) {
+      return e;
+    }
     if (cudaError_t e = load_kernel(kernel); e != cudaSuccess) return e;
-    return call.dbias != nullptr ? launch_dbias_finalize(nullptr, nullptr, kDType, 0, 0, 0, stream,
+    return call.dbias != nullptr ? launch_dbias_finalize(nullptr, nullptr, kDTypeOf<T>, 0, 0, 0, stream,
                                                          true)
                                  : cudaSuccess;
   }
@@ -571,7 +557,7 @@ cudaError_t launch_fp8_block_as(const Fp8BlockCall& call, cudaStream_t stream,
   kernel<<<grid, kThreads, Smem::kBytes, stream>>>(a);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (call.dbias != nullptr) {
-    return launch_dbias_finalize(call.ws, call.dbias, kDType, a.y_cols, groups, q.batches, stream,
+    return launch_dbias_finalize(call.ws, call.dbias, kDTypeOf<T>, a.y_cols, groups, q.batches, stream,
                                  false);
   }
   return cudaSuccess;
@@ -579,7 +565,7 @@ cudaError_t launch_fp8_block_as(const Fp8BlockCall& call, cudaStream_t stream,
 
 // The gated backward in tiles of both halves where H % 128 == 0, else flat.
 template <typename Spec, typename T, bool kBwd>
-cudaError_t launch_fp8_block(const Fp8BlockCall& call, cudaStream_t stream,
+cudaError_t launch_fp8_block(const QuantizeCall& call, cudaStream_t stream,
                              const LaunchConfig& cfg) {
   if constexpr (kBwd && Spec::kGated) {
     if (cfg.load_only) {

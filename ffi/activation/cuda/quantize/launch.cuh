@@ -14,6 +14,7 @@
 #include "activation/cuda/elementwise.cuh"
 #include "activation/cuda/launch.h"
 #include "activation/cuda/quantize/args.cuh"
+#include "activation/cuda/quantize/call.cuh"
 #include "activation/cuda/quantize/geometry.cuh"
 #include "activation/cuda/quantize/kernel.cuh"
 #include "activation/problem.h"
@@ -21,24 +22,6 @@
 #include "cuda/device_utils.cuh"
 
 namespace te_jax::cuda::quant {
-
-// Everything launch_quantized needs, from either problem.
-struct QuantizeCall {
-  const void* x;
-  const void* dz;
-  int64_t rows, hidden;
-  ActParams params;
-  const QuantOutput* q;
-  float* ws;        // dbias workspace, or nullptr
-  void* dbias;      // dbias output, or nullptr
-  int64_t groups;   // dbias groups (when ws)
-  DType dtype;
-};
-
-template <typename T>
-constexpr DType kDTypeOf = std::is_same_v<T, float>           ? DType::F32
-                           : std::is_same_v<T, __nv_bfloat16> ? DType::BF16
-                                                              : DType::F16;
 
 // The rowwise tensor-scaled codes and the amax passes, without dbias, on elementwise.cuh's kernel
 // (one flat pass; no tile structure is needed when nothing is transposed, blocked or summed).
@@ -168,45 +151,21 @@ cudaError_t launch_quantized(const QuantizeCall& call, cudaStream_t stream,
   return cudaSuccess;
 }
 
-// Dispatch over activation and dtype for one mode. The backward skips IDENTITY (no op uses it).
+// Dispatch over activation and dtype for one mode.
 template <QuantEmit M>
 cudaError_t dispatch_forward(const ActLuProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
-  const QuantizeCall call{p.x,      nullptr, p.rows, p.hidden, p.params,
-                          &p.q,     nullptr, nullptr, 0,        p.dtype};
-  cudaError_t err = cudaErrorInvalidValue;
-  with_activation(p.act, [&](auto spec) {
-    using Spec = decltype(spec);
-    switch (p.dtype) {
-      case DType::F32: err = launch_quantized<Spec, float, M, false>(call, stream, cfg); break;
-      case DType::BF16:
-        err = launch_quantized<Spec, __nv_bfloat16, M, false>(call, stream, cfg);
-        break;
-      case DType::F16: err = launch_quantized<Spec, __half, M, false>(call, stream, cfg); break;
-    }
+  const QuantizeCall call = forward_call(p);
+  return dispatch_act_dtype<false>(p.act, p.dtype, [&](auto spec, auto t) {
+    return launch_quantized<decltype(spec), typename decltype(t)::type, M, false>(call, stream, cfg);
   });
-  return err;
 }
 
 template <QuantEmit M>
 cudaError_t dispatch_backward(const DActProblem& p, cudaStream_t stream, const LaunchConfig& cfg) {
-  const QuantizeCall call{p.x,    p.dz,    p.rows,        p.hidden, p.params, &p.q,
-                p.dbias != nullptr ? p.workspace : nullptr, p.dbias, p.groups, p.dtype};
-  cudaError_t err = cudaErrorInvalidValue;
-  with_activation(p.act, [&](auto spec) {
-    using Spec = decltype(spec);
-    if constexpr (!Spec::kGated && std::is_same_v<typename Spec::Act, act::Identity>) {
-      err = cudaErrorInvalidValue;
-    } else {
-      switch (p.dtype) {
-        case DType::F32: err = launch_quantized<Spec, float, M, true>(call, stream, cfg); break;
-        case DType::BF16:
-          err = launch_quantized<Spec, __nv_bfloat16, M, true>(call, stream, cfg);
-          break;
-        case DType::F16: err = launch_quantized<Spec, __half, M, true>(call, stream, cfg); break;
-      }
-    }
+  const QuantizeCall call = backward_call(p);
+  return dispatch_act_dtype<true>(p.act, p.dtype, [&](auto spec, auto t) {
+    return launch_quantized<decltype(spec), typename decltype(t)::type, M, true>(call, stream, cfg);
   });
-  return err;
 }
 
 }  // namespace te_jax::cuda::quant
