@@ -220,92 +220,121 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
       // ---- 1. produce ----
       const uint64_t c = c0 + 4 * lane;
       const int ncol = c < W ? static_cast<int>(std::min<uint64_t>(4, W - c)) : 0;
+      // Every row and column inside, 8- or 16-byte loads: no bounds per row (whole tiles are
+      // nearly all of a large input).
+      const bool whole = tile_rows == kFb && c0 + kFb <= W && a.vec_in;
+      // The lane's inputs in the warp's first row; rows step by 32-bit offsets from there (16
+      // rows of at most 2H elements).
+      const uint64_t gw = grow0 + warp * kFbRowsPerWarp;
+      const uint64_t hcol = kFlat && c >= H ? c - H : c;  // flat: the column within its half
+      const T* xw = x + gw * (kInHalves * H) + (kFlat ? hcol : c);
+      const T* dzw = kBwd ? dz + gw * H + (kFlat ? hcol : c) : nullptr;
+      const uint32_t x_step = static_cast<uint32_t>(kInHalves * H), z_step = static_cast<uint32_t>(H);
+      // This lane's words of the warp's first row in shared memory (the swizzle of rows 16w ..
+      // 16w + 15 is 4w).
+      uint32_t* const vw =
+          vals + warp * kFbRowsPerWarp * kRowWords + ((kLaneWords * lane) ^ (warp << 2));
       // The lane's column keys (16-bit: two per word), its rows' max key and its own row's.
       uint32_t colk[kHalves][kLaneWords] = {}, tkey[kHalves] = {}, my_row_key[kHalves] = {};
       float dsum[kHalves][4] = {};
-#pragma unroll 1
-      for (int i0 = 0; i0 < kFbRowsPerWarp; i0 += kRowStep) {
-        constexpr int kInputs = kFbInputs<Spec, kBwd>;
-        Pack<T, 4> raw[kRowStep][kInputs];  // x (a half), x (b half), dz
-#pragma unroll
-        for (int s = 0; s < kRowStep; ++s) {
-          const int r = warp * kFbRowsPerWarp + i0 + s;
-          const int n = r < tile_rows ? ncol : 0;
-          const uint64_t gr = grow0 + r;
-          if constexpr (kFlat) {
-            fb_load_flat(x, dz, gr, c, H, n, a.vec_in, raw[s]);
-          } else {
-            const T* xr = x + gr * (kInHalves * H) + c;
-            raw[s][0] = fb_load4(xr, a.vec_in, n);
-            if constexpr (Spec::kGated) raw[s][1] = fb_load4(xr + H, a.vec_in, n);
-            if constexpr (kBwd) raw[s][kInputs - 1] = fb_load4(dz + gr * H + c, a.vec_in, n);
+      // Whole tiles take a copy of the loop without bounds (a template argument, not a branch
+      // per row).
+      auto produce = [&](auto whole_tag) {
+        constexpr bool kWhole = decltype(whole_tag)::value;
+  #pragma unroll 1
+        for (int i0 = 0; i0 < kFbRowsPerWarp; i0 += kRowStep) {
+          constexpr int kInputs = kFbInputs<Spec, kBwd>;
+          Pack<T, 4> raw[kRowStep][kInputs];  // x (a half), x (b half), dz
+  #pragma unroll
+          for (int s = 0; s < kRowStep; ++s) {
+            const int r = warp * kFbRowsPerWarp + i0 + s;
+            const uint32_t ri = static_cast<uint32_t>(i0 + s);
+            const T* xr = xw + ri * x_step;
+            const T* zr = kBwd ? dzw + ri * z_step : nullptr;
+            if constexpr (kWhole) {
+              raw[s][0] = load_pack<T, 4>(xr);
+              if constexpr (Spec::kGated) raw[s][1] = load_pack<T, 4>(xr + H);
+              if constexpr (kBwd) raw[s][kInputs - 1] = load_pack<T, 4>(zr);
+            } else if constexpr (kFlat) {
+              fb_load_flat(x, dz, grow0 + r, c, H, r < tile_rows ? ncol : 0, a.vec_in, raw[s]);
+            } else {
+              const int n = r < tile_rows ? ncol : 0;
+              raw[s][0] = fb_load4(xr, a.vec_in, n);
+              if constexpr (Spec::kGated) raw[s][1] = fb_load4(xr + H, a.vec_in, n);
+              if constexpr (kBwd) raw[s][kInputs - 1] = fb_load4(zr, a.vec_in, n);
+            }
           }
-        }
-#pragma unroll
-        for (int s = 0; s < kRowStep; ++s) {
-          const int r = warp * kFbRowsPerWarp + i0 + s;
-          const int n = r < tile_rows ? ncol : 0;
-          float in[3][4], y[kHalves][4];
-          to_float(raw[s][0], in[0]);
-          if constexpr (Spec::kGated) to_float(raw[s][1], in[1]);
-          if constexpr (kBwd) to_float(raw[s][kInputs - 1], in[2]);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            if constexpr (kBwd) {
-              float da, db;
-              act_backward<Spec>(in[2][j], in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params,
-                                 da, db);
-              if constexpr (kFlat) {
-                y[0][j] = c + j >= H ? db : da;
+  #pragma unroll
+          for (int s = 0; s < kRowStep; ++s) {
+            const int r = warp * kFbRowsPerWarp + i0 + s;
+            const int n = kWhole ? 4 : (r < tile_rows ? ncol : 0);
+            float in[3][4], y[kHalves][4];
+            to_float(raw[s][0], in[0]);
+            if constexpr (Spec::kGated) to_float(raw[s][1], in[1]);
+            if constexpr (kBwd) to_float(raw[s][kInputs - 1], in[2]);
+  #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if constexpr (kBwd) {
+                float da, db;
+                act_backward<Spec>(in[2][j], in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params,
+                                   da, db);
+                if constexpr (kFlat) {
+                  y[0][j] = c + j >= H ? db : da;
+                } else {
+                  y[0][j] = da;
+                  if constexpr (kHalves == 2) y[1][j] = db;
+                }
               } else {
-                y[0][j] = da;
-                if constexpr (kHalves == 2) y[1][j] = db;
+                y[0][j] = act_forward<Spec>(in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params);
               }
-            } else {
-              y[0][j] = act_forward<Spec>(in[0][j], Spec::kGated ? in[1][j] : 0.0f, a.params);
             }
-          }
-          if (n < 4) {  // outside the tile's rows or columns: 0, which no max or sum sees
-#pragma unroll
+            if (!kWhole && n < 4) {  // outside the tile's rows or columns: 0, no max or sum sees it
+  #pragma unroll
+              for (int l = 0; l < kHalves; ++l) {
+  #pragma unroll
+                for (int j = 0; j < 4; ++j) y[l][j] = j < n ? y[l][j] : 0.0f;
+              }
+            }
+  #pragma unroll
             for (int l = 0; l < kHalves; ++l) {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) y[l][j] = j < n ? y[l][j] : 0.0f;
-            }
-          }
-#pragma unroll
-          for (int l = 0; l < kHalves; ++l) {
-            float rv[4];
-            const Pack<T, 4> p = from_float<T, 4>(y[l], rv);
-            uint32_t* dst = vals + (l * kFb + r) * kRowWords + ((kLaneWords * lane) ^ fb_swizzle(r));
-            if constexpr (kLaneWords == 4) {
-              *reinterpret_cast<uint4*>(dst) = make_uint4(p.w[0], p.w[1], p.w[2], p.w[3]);
-            } else {
-              *reinterpret_cast<uint2*>(dst) = make_uint2(p.w[0], p.w[1]);
-            }
-            unsigned key = 0;
-            if constexpr (kLaneWords == 4) {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) {
-                const uint32_t k = p.w[j] & 0x7fffffffu;
-                key = max(key, k);
-                colk[l][j] = max(colk[l][j], k);
+              float rv[4];
+              const Pack<T, 4> p = from_float<T, 4>(y[l], rv);
+              uint32_t* dst = vw + (l * kFb + i0 + s) * kRowWords;
+              if constexpr (kLaneWords == 4) {
+                *reinterpret_cast<uint4*>(dst) = make_uint4(p.w[0], p.w[1], p.w[2], p.w[3]);
+              } else {
+                *reinterpret_cast<uint2*>(dst) = make_uint2(p.w[0], p.w[1]);
               }
-            } else {
-              const uint32_t k0 = p.w[0] & 0x7fff7fffu, k1 = p.w[1] & 0x7fff7fffu;
-              colk[l][0] = __vmaxu2(colk[l][0], k0);
-              colk[l][1] = __vmaxu2(colk[l][1], k1);
-              const uint32_t m2 = __vmaxu2(k0, k1);
-              key = max(m2 & 0xffffu, m2 >> 16);
+              unsigned key = 0;
+              if constexpr (kLaneWords == 4) {
+  #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                  const uint32_t k = p.w[j] & 0x7fffffffu;
+                  key = max(key, k);
+                  colk[l][j] = max(colk[l][j], k);
+                }
+              } else {
+                const uint32_t k0 = p.w[0] & 0x7fff7fffu, k1 = p.w[1] & 0x7fff7fffu;
+                colk[l][0] = __vmaxu2(colk[l][0], k0);
+                colk[l][1] = __vmaxu2(colk[l][1], k1);
+                const uint32_t m2 = __vmaxu2(k0, k1);
+                key = max(m2 & 0xffffu, m2 >> 16);
+              }
+              if constexpr (kBwd) {
+  #pragma unroll
+                for (int j = 0; j < 4; ++j) dsum[l][j] += y[l][j];
+              }
+              tkey[l] = max(tkey[l], key);
+              const unsigned row_key = __reduce_max_sync(0xffffffffu, key);
+              if (lane == i0 + s) my_row_key[l] = row_key;
             }
-            if constexpr (kBwd) {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) dsum[l][j] += y[l][j];
-            }
-            tkey[l] = max(tkey[l], key);
-            const unsigned row_key = __reduce_max_sync(0xffffffffu, key);
-            if (lane == i0 + s) my_row_key[l] = row_key;
           }
         }
+      };
+      if (whole) {
+        produce(std::true_type{});
+      } else {
+        produce(std::false_type{});
       }
 
       // ---- 2. scales ----
@@ -395,31 +424,39 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
 
       // ---- 3. codes ----
       if (row_out) {
+        // The lane's codes in the warp's first row (rows 16 apart: 32-bit offsets). Whole tiles
+        // with 4-byte stores take a copy without bounds.
+        uint8_t* const drow = a.data + gw * Ny + c;
+        auto store_rows = [&](auto whole_tag) {
+          constexpr bool kWhole = decltype(whole_tag)::value;
 #pragma unroll
-        for (int l = 0; l < kHalves; ++l) {
+          for (int l = 0; l < kHalves; ++l) {
 #pragma unroll 4
-          for (int i = 0; i < kFbRowsPerWarp; ++i) {
-            const int r = warp * kFbRowsPerWarp + i;
-            const uint32_t* src =
-                vals + (l * kFb + r) * kRowWords + ((kLaneWords * lane) ^ fb_swizzle(r));
-            Pack<T, 4> p;
+            for (int i = 0; i < kFbRowsPerWarp; ++i) {
+              const int r = warp * kFbRowsPerWarp + i;
+              const uint32_t* src = vw + (l * kFb + i) * kRowWords;
+              Pack<T, 4> p;
 #pragma unroll
-            for (int k = 0; k < kLaneWords; ++k) p.w[k] = src[k];
-            float v[4], q[4];
-            to_float(p, v);
-            const float s = block_2d ? tscale[l] : rscale[l * kFb + r];
+              for (int k = 0; k < kLaneWords; ++k) p.w[k] = src[k];
+              float v[4], q[4];
+              to_float(p, v);
+              const float s = block_2d ? tscale[l] : rscale[l * kFb + r];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) q[j] = __fmul_rn(v[j], s);
-            const Pack<uint8_t, 4> codes = fp8_pack<4>(a.e5m2, q, 0xffffffffu);
-            if (r < tile_rows && ncol > 0) {
-              uint8_t* dst = a.data + (grow0 + r) * Ny + l * H + c;
-              if (a.vec_row && ncol == 4) {
+              for (int j = 0; j < 4; ++j) q[j] = __fmul_rn(v[j], s);
+              const Pack<uint8_t, 4> codes = fp8_pack<4>(a.e5m2, q, 0xffffffffu);
+              uint8_t* dst = drow + static_cast<uint32_t>(i * Ny + l * H);
+              if (kWhole || (a.vec_row && ncol == 4 && r < tile_rows)) {
                 *reinterpret_cast<uint32_t*>(dst) = codes.w[0];
-              } else {
+              } else if (r < tile_rows) {
                 for (int j = 0; j < ncol; ++j) dst[j] = static_cast<uint8_t>(codes.w[0] >> (8 * j));
               }
             }
           }
+        };
+        if (whole && a.vec_row) {
+          store_rows(std::true_type{});
+        } else {
+          store_rows(std::false_type{});
         }
       }
       if (col_out) {
