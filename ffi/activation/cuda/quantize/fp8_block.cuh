@@ -423,85 +423,94 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
       __syncthreads();
 
       // ---- 3. codes ----
-      if (row_out) {
-        // The lane's codes in the warp's first row (rows 16 apart: 32-bit offsets). Whole tiles
-        // with 4-byte stores take a copy without bounds.
-        uint8_t* const drow = a.data + gw * Ny + c;
-        auto store_rows = [&](auto whole_tag) {
-          constexpr bool kWhole = decltype(whole_tag)::value;
-#pragma unroll
-          for (int l = 0; l < kHalves; ++l) {
-#pragma unroll 4
-            for (int i = 0; i < kFbRowsPerWarp; ++i) {
-              const int r = warp * kFbRowsPerWarp + i;
-              const uint32_t* src = vw + (l * kFb + i) * kRowWords;
-              Pack<T, 4> p;
-#pragma unroll
-              for (int k = 0; k < kLaneWords; ++k) p.w[k] = src[k];
-              float v[4], q[4];
-              to_float(p, v);
-              const float s = block_2d ? tscale[l] : rscale[l * kFb + r];
-#pragma unroll
-              for (int j = 0; j < 4; ++j) q[j] = __fmul_rn(v[j], s);
-              const Pack<uint8_t, 4> codes = fp8_pack<4>(a.e5m2, q, 0xffffffffu);
-              uint8_t* dst = drow + static_cast<uint32_t>(i * Ny + l * H);
-              if (kWhole || (a.vec_row && ncol == 4 && r < tile_rows)) {
-                *reinterpret_cast<uint32_t*>(dst) = codes.w[0];
-              } else if (r < tile_rows) {
-                for (int j = 0; j < ncol; ++j) dst[j] = static_cast<uint8_t>(codes.w[0] >> (8 * j));
+      // The FP8 format is a branch per tile, not per value (each copy converts in one format).
+      auto emit_codes = [&](auto e5m2_tag) {
+        constexpr bool kE5m2 = decltype(e5m2_tag)::value;
+        if (row_out) {
+          // The lane's codes in the warp's first row (rows 16 apart: 32-bit offsets). Whole tiles
+          // with 4-byte stores take a copy without bounds.
+          uint8_t* const drow = a.data + gw * Ny + c;
+          auto store_rows = [&](auto whole_tag) {
+            constexpr bool kWhole = decltype(whole_tag)::value;
+  #pragma unroll
+            for (int l = 0; l < kHalves; ++l) {
+  #pragma unroll 4
+              for (int i = 0; i < kFbRowsPerWarp; ++i) {
+                const int r = warp * kFbRowsPerWarp + i;
+                const uint32_t* src = vw + (l * kFb + i) * kRowWords;
+                Pack<T, 4> p;
+  #pragma unroll
+                for (int k = 0; k < kLaneWords; ++k) p.w[k] = src[k];
+                float v[4], q[4];
+                to_float(p, v);
+                const float s = block_2d ? tscale[l] : rscale[l * kFb + r];
+  #pragma unroll
+                for (int j = 0; j < 4; ++j) q[j] = __fmul_rn(v[j], s);
+                const Pack<uint8_t, 4> codes = fp8_pack_as<kE5m2, 4>(q, 0xffffffffu);
+                uint8_t* dst = drow + static_cast<uint32_t>(i * Ny + l * H);
+                if (kWhole || (a.vec_row && ncol == 4 && r < tile_rows)) {
+                  *reinterpret_cast<uint32_t*>(dst) = codes.w[0];
+                } else if (r < tile_rows) {
+                  for (int j = 0; j < ncol; ++j) dst[j] = static_cast<uint8_t>(codes.w[0] >> (8 * j));
+                }
               }
             }
+          };
+          if (whole && a.vec_row) {
+            store_rows(std::true_type{});
+          } else {
+            store_rows(std::false_type{});
           }
-        };
-        if (whole && a.vec_row) {
-          store_rows(std::true_type{});
-        } else {
-          store_rows(std::false_type{});
         }
-      }
-      if (col_out) {
-        // Items (half, word column, 16-row chunk): a warp's 32 take 4 word columns x 8 chunks.
-        constexpr int kItems = kHalves * kRowWords * 8;
-        constexpr int kColsPerWord = 4 / static_cast<int>(sizeof(T));
-#pragma unroll 1
-        for (int e = tid; e < kItems; e += kThreads) {
-          const int chunk = e & 7, wc = (e >> 3) % kRowWords, l = e / (kRowWords * 8);
-          float v[kColsPerWord][16];
-#pragma unroll
-          for (int k = 0; k < 16; ++k) {
-            const int r = 16 * chunk + k;
-            const uint32_t w = vals[(l * kFb + r) * kRowWords + (wc ^ fb_swizzle(r))];
-            if constexpr (kColsPerWord == 1) {
-              v[0][k] = __uint_as_float(w);
-            } else {
-              const float2 f = std::is_same_v<T, __nv_bfloat16> ? bf16x2_to_float2(w)
-                                                                : f16x2_to_float2(w);
-              v[0][k] = f.x;
-              v[kColsPerWord - 1][k] = f.y;
-            }
-          }
-          const int row0 = 16 * chunk;
-#pragma unroll
-          for (int h = 0; h < kColsPerWord; ++h) {
-            const int cc = kColsPerWord * wc + h;
-            const float s = block_2d ? tscale[l] : cscale[l * kFb + cc];
-            float q[16];
-#pragma unroll
-            for (int k = 0; k < 16; ++k) q[k] = __fmul_rn(v[h][k], s);
-            const Pack<uint8_t, 16> codes = fp8_pack<16>(a.e5m2, q, __activemask());
-            if (c0 + cc < W && row0 < tile_rows) {
-              uint8_t* dst = a.colwise + (uint64_t{b} * Ny + l * H + c0 + cc) * Mb + rl0 + row0;
-              if (a.vec_col) {
-                store_pack(dst, codes);
+        if (col_out) {
+          // Items (half, word column, 16-row chunk): a warp's 32 take 4 word columns x 8 chunks.
+          constexpr int kItems = kHalves * kRowWords * 8;
+          constexpr int kColsPerWord = 4 / static_cast<int>(sizeof(T));
+  #pragma unroll 1
+          for (int e = tid; e < kItems; e += kThreads) {
+            const int chunk = e & 7, wc = (e >> 3) % kRowWords, l = e / (kRowWords * 8);
+            float v[kColsPerWord][16];
+  #pragma unroll
+            for (int k = 0; k < 16; ++k) {
+              const int r = 16 * chunk + k;
+              const uint32_t w = vals[(l * kFb + r) * kRowWords + (wc ^ fb_swizzle(r))];
+              if constexpr (kColsPerWord == 1) {
+                v[0][k] = __uint_as_float(w);
               } else {
-                const int m = min(16, tile_rows - row0);
-                for (int k = 0; k < m; ++k) {
-                  dst[k] = static_cast<uint8_t>(codes.w[k >> 2] >> (8 * (k & 3)));
+                const float2 f = std::is_same_v<T, __nv_bfloat16> ? bf16x2_to_float2(w)
+                                                                  : f16x2_to_float2(w);
+                v[0][k] = f.x;
+                v[kColsPerWord - 1][k] = f.y;
+              }
+            }
+            const int row0 = 16 * chunk;
+  #pragma unroll
+            for (int h = 0; h < kColsPerWord; ++h) {
+              const int cc = kColsPerWord * wc + h;
+              const float s = block_2d ? tscale[l] : cscale[l * kFb + cc];
+              float q[16];
+  #pragma unroll
+              for (int k = 0; k < 16; ++k) q[k] = __fmul_rn(v[h][k], s);
+              const Pack<uint8_t, 16> codes = fp8_pack_as<kE5m2, 16>(q, __activemask());
+              if (c0 + cc < W && row0 < tile_rows) {
+                uint8_t* dst = a.colwise + (uint64_t{b} * Ny + l * H + c0 + cc) * Mb + rl0 + row0;
+                if (a.vec_col) {
+                  store_pack(dst, codes);
+                } else {
+                  const int m = min(16, tile_rows - row0);
+                  for (int k = 0; k < m; ++k) {
+                    dst[k] = static_cast<uint8_t>(codes.w[k >> 2] >> (8 * (k & 3)));
+                  }
                 }
               }
             }
           }
         }
+      };
+      if (a.e5m2) {
+        emit_codes(std::true_type{});
+      } else {
+        emit_codes(std::false_type{});
       }
       __syncthreads();  // the next tile rewrites the shared values and partials
     }
