@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, (kFbBlocksPerSm<Spec, kBwd>))
             const int r = warp * kFbRowsPerWarp + i0 + s;
             const uint32_t ri = static_cast<uint32_t>(i0 + s);
             const T* xr = xw + ri * x_step;
-            const T* zr = kBwd ? dzw + ri * z_step : nullptr;
+            [[maybe_unused]] const T* zr = kBwd ? dzw + ri * z_step : nullptr;
             if constexpr (kWhole) {
               raw[s][0] = load_pack<T, 4>(xr);
               if constexpr (Spec::kGated) raw[s][1] = load_pack<T, 4>(xr + H);
