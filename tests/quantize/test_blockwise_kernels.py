@@ -6,12 +6,14 @@ bit for bit, dbias within float32 summation order (docs/numerics.md §2, §4-§5
 each layout, input dtype, format, option (power-of-two scales on and off, an amax floor), shapes
 whose rows and features are not multiples of 128 or 4, gated and plain activations, a vmapped
 batch and NaN / inf inputs. A gated H both a multiple of 128 and not: the CUDA kernel tiles the two
-halves together, resp. the flattened ``[M, 2H]``."""
+halves together; otherwise the op takes two passes (the unquantized dact, then the quantize),
+checked against the one fused pass the FFI contract also takes."""
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,9 @@ import pytest
 
 import te_jax
 from helpers import ACT_BY_ALIAS, make_dz, make_x
+from te_jax.primitives.quantized import ffi_calls, local
+from te_jax.primitives.quantized.config import OpKind, QuantConfig
+from te_jax.primitives.quantized.shapes import geometry
 from te_jax.quantize import Float8Block1DQuantizer, Float8Block2DQuantizer, QuantizeLayout
 
 from .cases import E4M3, E5M2, RC, make_y
@@ -194,6 +199,41 @@ def test_vmapped_ops_are_per_element(dims, rng):
     assert kernel[2][1].shape == (2, 150)
     assert_dbias_close(kernel[2][1], want_dbias, dx, BF16, "vmapped dbias")
     assert kernel[0].scale_inv.shape == (2,) + q.scaling_mode.impl.scale_shape(70, 150)
+
+
+@pytest.mark.parametrize(("dims", "h", "batch"), [(1, 150, ()), (2, 200, (2,)), (1, 256, ())])
+def test_gated_dact_spanning_halves_takes_two_passes(dims, h, batch, rng):
+    """A gated dact whose rowwise blocks span both halves of [M, 2H] (H % 128 != 0): the
+    unquantized dact pass, then the standalone quantize (two custom calls), whose codes and
+    scales equal the one fused pass's bit for bit and whose dbias is within summation order;
+    with H % 128 == 0 one fused call."""
+    q = QUANTIZER[dims](E4M3, RC, power_2_scale=dims == 1)
+    cfg, act = QuantConfig.of(q), te_jax.ActivationType.parse("swiglu")
+    shape = batch + (70, 2, h)
+    x = jnp.asarray(_spread(rng, make_x(rng, shape, BF16, SWIGLU), 2))
+    dz = jnp.asarray(make_dz(rng, batch + (70, h), BF16))
+    one = jnp.ones(batch + (1,), jnp.float32)  # the per-tensor scale (unused by blockwise)
+
+    def planned(dz, x):
+        return local.kernel((dz, x), one, OpKind.DACT, act, None, cfg, True, len(batch))
+
+    def fused(dz, x):
+        g = geometry(OpKind.DACT, act, x.shape, len(batch), cfg)
+        s = jnp.ones((g.b,), jnp.float32)
+        bufs, dbias, _ = ffi_calls.quantize_pass(OpKind.DACT, act, None, cfg, True, g, (dz, x), s)
+        return cfg.spec.fields_of_ffi_results(bufs), dbias
+
+    spans = h % 128 != 0
+    assert local.dact_spans_halves(OpKind.DACT, act, cfg, shape) == spans
+    hlo = jax.jit(planned).lower(dz, x).as_text()
+    assert hlo.count("te_jax_dact_dbias_quantize") == 1
+    assert bool(re.search(r"te_jax_quantize\b", hlo)) == spans, "the quantize pass"
+    got, (want, want_dbias) = jax.jit(planned)(dz, x), jax.jit(fused)(dz, x)
+    for f in ("data", "colwise_data", "scale_inv", "colwise_scale_inv"):
+        g, w = np.asarray(got[f]), np.asarray(want[f])
+        assert np.array_equal(_bits(g).ravel(), _bits(w).ravel()), f
+    dx = te_jax.dact_lu(dz, x, "swiglu", implementation="ffi")
+    assert_dbias_close(got["dbias"], want_dbias.reshape(got["dbias"].shape), dx, BF16, "dbias")
 
 
 @pytest.mark.parametrize("dims", [1, 2])

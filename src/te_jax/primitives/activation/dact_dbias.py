@@ -51,8 +51,11 @@ def _ffi_results(x, act, is_dbias, n_batch, output_amax) -> list[jax.ShapeDtypeS
     ]
 
 
-def _kernel(dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=False):
-    """The local computation. Returns ``[dx, (dbias), (amax)]``.
+def dact_dbias_kernel(
+    dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=False
+):
+    """The local computation, one unquantized ``te_jax_dact_dbias_quantize`` call. Returns
+    ``[dx, (dbias), (amax)]``.
 
     With ``dbias_from_workspace`` the dbias is returned as float32 partial sums of the local rows
     (summed from the kernel's workspace) so that a cross-shard sum keeps float32 precision.
@@ -129,7 +132,7 @@ def _partition(act, params, is_dbias, n_batch, output_amax, mesh, arg_shapes, re
 
     def lower(dz, x):
         reduce_dbias = is_dbias and bool(row_axes)
-        outs = _kernel(
+        outs = dact_dbias_kernel(
             dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=reduce_dbias
         )
         if reduce_dbias:  # partial sums of the local rows -> the global dbias
@@ -148,7 +151,7 @@ _STATICS = ("act", "params", "is_dbias", "n_batch", "output_amax")
 def _local(dz, x, act, params, is_dbias, n_batch, output_amax):
     # custom_partitioning turns every parameter it is given, defaults too, into an operand or a
     # static: this signature is exactly the operands and the statics.
-    return _kernel(dz, x, act, params, is_dbias, n_batch, output_amax)
+    return dact_dbias_kernel(dz, x, act, params, is_dbias, n_batch, output_amax)
 
 
 _partitioned = base.make_partitioned(_local, 2, _STATICS, _partition, _sharding_rule)
