@@ -234,6 +234,21 @@ def test_gated_dact_spanning_halves_takes_two_passes(dims, h, batch, rng):
         assert np.array_equal(_bits(g).ravel(), _bits(w).ravel()), f
     dx = te_jax.dact_lu(dz, x, "swiglu", implementation="ffi")
     assert_dbias_close(got["dbias"], want_dbias.reshape(got["dbias"].shape), dx, BF16, "dbias")
+    # dx is written over x's buffer where x dies there (an intermediate); an x used afterwards
+    # (an argument, an intermediate returned) is copied first and left intact.
+    x_before = np.asarray(x)
+
+    @jax.jit
+    def over_x(dz, x):
+        h = x * 2  # used afterwards
+        return planned(dz, h)["colwise_data"], h, planned(dz, x * 3)["colwise_data"]
+
+    kept, h, dead = over_x(dz, x)
+    np.testing.assert_array_equal(np.asarray(h), (x_before.astype(np.float32) * 2).astype(BF16))
+    np.testing.assert_array_equal(np.asarray(x), x_before)
+    for got_codes, scale in ((kept, 2), (dead, 3)):
+        want_codes = jax.jit(fused)(dz, x * scale)[0]["colwise_data"]
+        assert _bits(got_codes).tobytes() == _bits(want_codes).tobytes(), scale
 
 
 @pytest.mark.parametrize("dims", [1, 2])

@@ -288,6 +288,27 @@ void test_dact(ActivationEnum act, int64_t rows, int64_t H, int64_t batches, int
       std::printf("NOTE: %s: scalar-path dx bits differ from the vector path's\n", tag.c_str());
     }
   }
+
+  // In place, dx written over x (te_jax aliases them for a gated dact whose blockwise FP8 blocks
+  // span its halves): every kernel reads an element of x before the same thread writes dx there,
+  // so the bits are the separate buffers'.
+  if (L == 2 && nx) {
+    DevBuf<T> xdx(nx, misalign * sizeof(T));
+    xdx.upload(hx);
+    dbias.poison();
+    DActProblem q = p;
+    q.x = xdx.ptr;
+    q.dx = xdx.ptr;
+    CHECK_CUDA(cuda::launch_dact_dbias(q, 0, cuda::LaunchConfig{}));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<T> hdx = xdx.download(), hdb = dbias.download();
+    if (std::memcmp(hdx.data(), first_dx.data(), nx * sizeof(T)) != 0) {
+      fail(tag + ": dx written over x differs");
+    }
+    if (hdb.size() && std::memcmp(hdb.data(), first_db.data(), hdb.size() * sizeof(T)) != 0) {
+      fail(tag + ": dbias differs with dx written over x");
+    }
+  }
 }
 
 // ---- CUDA graph capture ------------------------------------------------------------------------

@@ -226,21 +226,32 @@ def _thaw(v):
 
 
 @_ffi_call_p.def_abstract_eval
-def _ffi_call_abstract(*operands, target, results, attrs):
+def _ffi_call_abstract(*operands, target, results, attrs, aliases):
     return [ShapedArray(shape, dtype) for shape, dtype in results]
 
 
-def _ffi_call_lowering(ctx, *operands, target, results, attrs):
-    return jax.ffi.ffi_lowering(target)(ctx, *operands, **_thaw(attrs))
+def _ffi_call_lowering(ctx, *operands, target, results, attrs, aliases):
+    lowering = jax.ffi.ffi_lowering(target, operand_output_aliases=dict(aliases) or None)
+    return lowering(ctx, *operands, **_thaw(attrs))
 
 
 for _platform in KERNEL_PLATFORMS:
     mlir.register_lowering(_ffi_call_p, _ffi_call_lowering, platform=_platform)
 
 
-def ffi_call(target: str, results, *operands, **attrs) -> list[jax.Array]:
-    """Calls the FFI ``target`` on ``operands``; ``results`` are ShapeDtypeStructs."""
+def ffi_call(target: str, results, *operands, aliases=None, **attrs) -> list[jax.Array]:
+    """Calls the FFI ``target`` on ``operands``; ``results`` are ShapeDtypeStructs.
+
+    ``aliases`` ``{operand index: result index}``: the result is written over the operand's
+    buffer (an operand XLA still needs afterwards is copied first), for kernels that read each
+    element before they write it, at the same position and in the same thread.
+    """
     frozen_results = tuple((tuple(r.shape), np.dtype(r.dtype)) for r in results)
     return bind(
-        _ffi_call_p, *operands, target=target, results=frozen_results, attrs=_freeze(dict(attrs))
+        _ffi_call_p,
+        *operands,
+        target=target,
+        results=frozen_results,
+        attrs=_freeze(dict(attrs)),
+        aliases=tuple(sorted((aliases or {}).items())),
     )

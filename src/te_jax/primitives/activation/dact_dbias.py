@@ -52,10 +52,11 @@ def _ffi_results(x, act, is_dbias, n_batch, output_amax) -> list[jax.ShapeDtypeS
 
 
 def dact_dbias_kernel(
-    dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=False
+    dz, x, act, params, is_dbias, n_batch, output_amax, dbias_from_workspace=False, over_x=False
 ):
     """The local computation, one unquantized ``te_jax_dact_dbias_quantize`` call. Returns
-    ``[dx, (dbias), (amax)]``.
+    ``[dx, (dbias), (amax)]``. With ``over_x`` dx is written over x's buffer (the CPU and CUDA
+    kernels read each element of x before they write dx there, in the same thread).
 
     With ``dbias_from_workspace`` the dbias is returned as float32 partial sums of the local rows
     (summed from the kernel's workspace) so that a cross-shard sum keeps float32 precision.
@@ -82,6 +83,7 @@ def dact_dbias_kernel(
         is_dbias=np.bool_(is_dbias),
         act_params=base.act_params_attr(params),
         output_amax=np.bool_(output_amax),
+        aliases={1: 0} if over_x else None,
         **base.scale_options_attrs(),
     )
     outs = [dx]

@@ -36,8 +36,17 @@ def kernel(
     avals = result_avals(kind, cfg, is_dbias, g, x.dtype)
     spec = cfg.spec
     if dact_spans_halves(kind, act, cfg, x.shape):
+        # dx over x's buffer (where x is not needed afterwards; XLA copies it otherwise): the
+        # two passes then hold no more memory than the fused one.
         dx, *rest = dact_dbias_kernel(
-            *operands, act, params, is_dbias, batch_dims, False, dbias_from_workspace=dbias_f32
+            *operands,
+            act,
+            params,
+            is_dbias,
+            batch_dims,
+            False,
+            dbias_from_workspace=dbias_f32,
+            over_x=True,
         )
         s = scale.reshape(g.b).astype(jnp.float32)
         bufs, _, _ = quantize_pass(OpKind.QUANTIZE, None, None, cfg, False, g, (dx,), s)
