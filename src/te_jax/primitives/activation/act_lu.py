@@ -23,8 +23,9 @@ from te_jax.quantize.scaling_modes import NoScaling, ScalingMode
 TARGET = "te_jax_act_lu"
 
 
-def _kernel(x, act, params, output_amax):
-    """The local computation: one FFI call (zero-size inputs need no kernel)."""
+def act_lu_kernel(x, act, params, output_amax):
+    """The local computation: one unquantized ``te_jax_act_lu`` call (zero-size inputs need no
+    kernel). Returns ``[y, (amax)]``."""
     if x.size == 0:
         y = jnp.zeros(act.output_shape(x.shape), x.dtype)
         return [y, jnp.zeros((1,), jnp.float32)] if output_amax else [y]
@@ -72,7 +73,7 @@ def _partition(act, params, output_amax, mesh, arg_shapes, result_shape):
     axes = base.mesh_axes(x_spec)
 
     def lower(x):
-        outs = _kernel(x, act, params, output_amax)
+        outs = act_lu_kernel(x, act, params, output_amax)
         if output_amax and axes:
             outs[1] = lax.pmax(outs[1], axes)
         return outs
@@ -81,7 +82,7 @@ def _partition(act, params, output_amax, mesh, arg_shapes, result_shape):
 
 
 _STATICS = ("act", "params", "output_amax")
-_partitioned = base.make_partitioned(_kernel, 1, _STATICS, _partition, _sharding_rule)
+_partitioned = base.make_partitioned(act_lu_kernel, 1, _STATICS, _partition, _sharding_rule)
 
 # ---- outer: what the public API binds ---------------------------------------------------------
 
@@ -104,7 +105,7 @@ def reference_results(x, *, act, params, output_amax):
 
 base.register_outer_rules(
     act_lu_p,
-    local=lambda x, **p: _kernel(x, **p),
+    local=lambda x, **p: act_lu_kernel(x, **p),
     partitioned=lambda x, **p: _partitioned(x, **p),
     reference=reference_results,
 )

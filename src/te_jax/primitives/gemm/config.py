@@ -74,6 +74,15 @@ class GemmConfig:
         return self.lhs_scale_mode != tensor or self.rhs_scale_mode != tensor
 
     @property
+    def gelu_after_gemm(self) -> bool:
+        """A GELU epilogue (GELU, GELU_AUX, DGELU; no addend) of block-scaled operands, which
+        cuBLASLt's block-scaled GEMM does not run: the GEMM's output is rounded to the output
+        dtype and the GELU applied to that (te_jax's activation kernels; two roundings), on the
+        kernel and the pure-JAX path alike (docs/numerics.md §8)."""
+        gelus = (GemmEpilogue.GELU, GemmEpilogue.GELU_AUX, GemmEpilogue.DGELU)
+        return self.block_scaled and self.epilogue in gelus and not self.addend
+
+    @property
     def writes_aux(self) -> bool:
         """``GELU_AUX`` also returns h, the pre-activation, beside ``out``."""
         return self.epilogue == GemmEpilogue.GELU_AUX

@@ -6,6 +6,9 @@ contract's rank-2 or rank-3 form, with the cases the contract does not take hand
 * A batched ``grad_bias``: cuBLASLt's BGRAD reduces one GEMM, so the batch's rounded outputs
   are summed here.
 * An addend: cuBLASLt's ``C`` (``beta = 1``), of out's layout.
+* Block-scaled operands with a GELU epilogue, which cuBLASLt's block-scaled GEMM does not run:
+  the GEMM's output in the output dtype, then te_jax's activation kernel (two roundings); with
+  RELU or an addend its float32 accumulator, the rest in JAX (one rounding).
 * **The one float32 fallback** for FP8 operands cuBLASLt's FP8 GEMM cannot take (K or N not a
   multiple of ``FP8_ALIGNMENT``, which a shard of a sharded GEMM can be too) and for an FP8
   GEMM with a float32 output and a bias (no such cuBLASLt epilogue): the kernel writes the float32
@@ -21,7 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from te_jax.activation_types import ActivationType
 from te_jax.primitives import base
+from te_jax.primitives.activation.act_lu import act_lu_kernel
+from te_jax.primitives.activation.dact_dbias import dact_dbias_kernel
 from te_jax.primitives.gemm.config import GemmConfig
 from te_jax.primitives.gemm.epilogue import GemmEpilogue
 from te_jax.primitives.gemm.reference_results import F32, FP8, epilogue, reference_results
@@ -88,8 +94,11 @@ def kernel_results(
         # Block scales vary along K: the scaled float32 accumulator of the fallback below does
         # not exist; the product of the block-dequantized operands is the pure-JAX one.
         return reference_results(*operands, config)
+    if config.gelu_after_gemm:
+        return _gemm_then_gelu_kernel(ffi_call, operands, config, batch, m, k, n)
     if config.block_scaled and (config.epilogue != GemmEpilogue.DEFAULT or config.addend):
-        # The block-scaled float32 accumulator from cuBLASLt, the rest in XLA (one rounding).
+        # The block-scaled float32 accumulator from cuBLASLt, the rest in XLA (one rounding:
+        # RELU commutes with it).
         one, absent = jnp.ones((1,), F32), jnp.zeros((0,), F32)
         plain = config.replace(
             epilogue=GemmEpilogue.DEFAULT, out_dtype=F32, grad_bias=False, addend=False
@@ -111,6 +120,22 @@ def kernel_results(
         acc = kernel_results(*flat, absent, plain, ffi_call=ffi_call)[0]
         return epilogue(acc, bias, aux, *scales, addend, config)
     return _call(ffi_call, operands, config, batch, m, k, n)
+
+
+def _gemm_then_gelu_kernel(ffi_call, operands, config, batch, m, k, n):
+    """``config.gelu_after_gemm``: the GEMM writes ``h = a·b + bias`` (``acc`` for DGELU) in the
+    output dtype, and te_jax's activation kernels finish, as TransformerEngine does:
+    ``out = gelu(h)`` (act_lu), resp. ``out = acc · gelu'(aux)`` with dbias (dact_dbias)."""
+    lhs, rhs, bias, aux, lhs_scale_inv, rhs_scale_inv, addend = operands
+    dgelu = config.epilogue == GemmEpilogue.DGELU
+    plain = config.replace(epilogue=GemmEpilogue.DEFAULT, grad_bias=False)
+    absent = jnp.zeros((0,), config.out_dtype)
+    gemm = (lhs, rhs, absent if dgelu else bias, absent, lhs_scale_inv, rhs_scale_inv, addend)
+    (h,) = _call(ffi_call, gemm, plain, batch, m, k, n)
+    if dgelu:
+        return dact_dbias_kernel(h, aux, ActivationType.GELU, None, config.grad_bias, 0, False)
+    (y,) = act_lu_kernel(h, ActivationType.GELU, None, False)
+    return [y, h] if config.writes_aux else [y]
 
 
 def _call(ffi_call, operands, config, batch, m, k, n):

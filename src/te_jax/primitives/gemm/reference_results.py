@@ -3,7 +3,8 @@
 
 ``lax.dot_general`` accumulates ``L @ R`` in float32 (float64 for float64 operands) at HIGHEST
 precision; then ``epilogue`` below, shared with the kernel's float32 fallbacks
-(``kernel.py``), applies the scales, the bias and the epilogue and rounds once.
+(``kernel.py``), applies the scales, the bias and the epilogue and rounds once; block-scaled
+operands with a GELU epilogue round the GEMM's output before the GELU too (``kernel.py``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def epilogue(acc, bias, aux, lhs_scale_inv, rhs_scale_inv, addend, config: GemmC
     h = acc + addend.astype(cdt) if config.addend else acc
     h = h + bias.astype(cdt) if bias.size else h
     ep = config.epilogue
+    if config.gelu_after_gemm:
+        # The GEMM writes h (acc for DGELU) in the output dtype, the GELU kernel reads it.
+        def to_out(v):
+            return v.astype(config.out_dtype).astype(cdt)
+
+        acc, h = to_out(acc), to_out(h)
     if ep == GemmEpilogue.DGELU:
         y = acc * _gelu(aux.astype(cdt), None)[1]
     elif ep in (GemmEpilogue.GELU_AUX, GemmEpilogue.GELU):
