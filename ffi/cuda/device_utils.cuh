@@ -37,9 +37,10 @@ struct Pack<T, N, false> {
   T v;
 };
 
-// Loads go through the read-only data path (ld.global.nc: no kernel writes what it reads) and
-// stores are explicit vector stores: plain struct copies were split into 32-bit stores by the
-// compiler on some paths (gated dact, dbias).
+// Loads go through the read-only data path (ld.global.nc: no kernel reads what it has written;
+// the unquantized dact may write dx over x, each element after the same thread has read it, and
+// nothing reads it again) and stores are explicit vector stores: plain struct copies were split
+// into 32-bit stores by the compiler on some paths (gated dact, dbias).
 template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
   Pack<T, N> r;
@@ -59,6 +60,27 @@ __device__ __forceinline__ Pack<T, N> load_pack(const T* p) {
     r.v = __ldg(p);
   }
   return r;
+}
+
+// N elements of T at p as the raw words of a Pack<T, N>, one element per load: the first n
+// loaded, the rest 0 (the bounded path beside load_pack; p aligned to T only).
+template <typename T, int N>
+__device__ __forceinline__ void load_words_bounded(const T* p, int n,
+                                                   uint32_t (&w)[N * sizeof(T) / 4]) {
+  static_assert(sizeof(T) == 4 || (sizeof(T) == 2 && N % 2 == 0), "whole words");
+  if constexpr (sizeof(T) == 4) {
+    const unsigned* s = reinterpret_cast<const unsigned*>(p);
+#pragma unroll
+    for (int k = 0; k < N; ++k) w[k] = k < n ? __ldg(s + k) : 0u;
+  } else {
+    const unsigned short* s = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      const unsigned lo = 2 * k < n ? __ldg(s + 2 * k) : 0u;
+      const unsigned hi = 2 * k + 1 < n ? __ldg(s + 2 * k + 1) : 0u;
+      w[k] = lo | (hi << 16);
+    }
+  }
 }
 
 template <typename T, int N>

@@ -114,19 +114,7 @@ template <typename T>
 __device__ __forceinline__ Pack<T, 4> fb_load4(const T* p, bool vec, int n) {
   if (vec && n == 4) return load_pack<T, 4>(p);
   Pack<T, 4> r;
-  if constexpr (sizeof(T) == 4) {
-    const unsigned* q = reinterpret_cast<const unsigned*>(p);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) r.w[j] = j < n ? __ldg(q + j) : 0u;
-  } else {
-    const unsigned short* q = reinterpret_cast<const unsigned short*>(p);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const unsigned lo = 2 * j < n ? __ldg(q + 2 * j) : 0u;
-      const unsigned hi = 2 * j + 1 < n ? __ldg(q + 2 * j + 1) : 0u;
-      r.w[j] = lo | (hi << 16);
-    }
-  }
+  load_words_bounded<T, 4>(p, n, r.w);
   return r;
 }
 

@@ -38,18 +38,8 @@ __device__ __forceinline__ void load8(const T* p, bool vec, int n_ok, RawWords8<
 #pragma unroll
       for (int j = 0; j < RawWords8<T>::kWords; ++j) r.w[j] = 0u;
     }
-  } else if constexpr (sizeof(T) == 4) {
-    const unsigned* s = reinterpret_cast<const unsigned*>(p);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) r.w[k] = k < n_ok ? __ldg(s + k) : 0u;
   } else {
-    const unsigned short* s = reinterpret_cast<const unsigned short*>(p);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned lo = 2 * k < n_ok ? __ldg(s + 2 * k) : 0u;
-      const unsigned hi = 2 * k + 1 < n_ok ? __ldg(s + 2 * k + 1) : 0u;
-      r.w[k] = lo | (hi << 16);
-    }
+    load_words_bounded<T, 8>(p, n_ok, r.w);
   }
 }
 
