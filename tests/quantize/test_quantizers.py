@@ -21,6 +21,7 @@ from te_jax.quantize import (
     ScalingMode,
     reference,
 )
+from te_jax.quantize.quantizers import delayed_candidate_scale
 
 from .cases import E2M1, E4M3, E5M2, assert_same_bits, stack, unstack
 
@@ -118,6 +119,38 @@ def test_delayed_update_matches_oracle(q_dtype, margin, algo, length):
         np.testing.assert_array_equal(
             oracle.raw_bits(np.asarray(q.amax_history)), oracle.raw_bits(hist), err_msg=str(step)
         )
+
+
+# Histories where a denormal mode could matter: subnormal amaxes beside normal ones, the
+# smallest normal (Q / a overflows), the largest finite (Q / a near the smallest scale).
+EDGE_HISTORIES = [
+    [1e-40, 2.0**-149, 0.0, 0.0],
+    [2.0**-126, 1e-40, 0.0, 3.0],
+    [3.0e38, 1e-40, 2.0**-100, 0.0],
+    [np.finfo(np.float32).max, 0.0, 0.0, 0.0],
+    [2.0**-100, 1e-40, np.nan, 7.0],
+    [np.inf, 1e-40, 0.0, 0.0],
+    [0.0, 1e-45, 0.0, 0.0],
+]
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "native"])
+@pytest.mark.parametrize("q_dtype,margin", [(E4M3, 0), (E5M2, 3)])
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_both_scale_computations_give_the_oracle_bits(exact, q_dtype, margin, algo):
+    """The update's candidate scale, with ``ieee``'s exact ops (every backend but the CPU) and
+    with XLA's native ones (XLA:CPU, denormals flushed), equals the NumPy oracle's bit for bit
+    on histories of subnormal, extreme and non-finite amaxes."""
+    q_max = float(jnp.finfo(q_dtype).max)
+    hist = np.asarray(EDGE_HISTORIES, np.float32)
+    candidate = functools.partial(
+        delayed_candidate_scale, q_max=q_max, margin=margin, algo=algo, exact=exact
+    )
+    new, keep = jax.jit(candidate)(jnp.asarray(hist))
+    got = np.where(np.asarray(keep), np.float32(-1.0), np.asarray(new))
+    for row, g in zip(hist, got, strict=True):
+        want, _ = oracle.delayed_update(-1.0, row, row[0], q_max, margin, algo)
+        assert np.float32(g).view(np.uint32) == np.float32(want).view(np.uint32), row
 
 
 def test_delayed_update_worked_example():

@@ -498,10 +498,10 @@ def _delayed_state_math(scale, hist, amax, q_max, margin, algo):
     newest = jnp.asarray(amax, jnp.float32)[..., None]
     # h[0] = amax; a = max(h): the old slot 0 is never read.
     current = jnp.concatenate([newest, hist[..., 1:]], axis=-1)
-    a = current[..., 0] if algo == "most_recent" else ieee.reduce_max(current, axis=-1)
-    # ieee.div: XLA's native division is not correctly rounded on every backend.
-    new_scale = ieee.ldexp(ieee.div(np.float32(q_max), a), -margin)
-    keep = ~(ieee.is_positive(a) & jnp.isfinite(a) & jnp.isfinite(new_scale))
+    candidate = functools.partial(delayed_candidate_scale, q_max=q_max, margin=margin, algo=algo)
+    new_scale, keep = jax.lax.platform_dependent(
+        current, cpu=functools.partial(candidate, exact=False), default=candidate
+    )
     scale = jnp.where(keep, scale, new_scale).astype(jnp.float32)
     if hist.shape[-1] == 1:  # L = 1 keeps the newest amax
         return scale, newest
@@ -509,6 +509,33 @@ def _delayed_state_math(scale, hist, amax, q_max, margin, algo):
     # update after it): [0, h[2:], amax].
     zero = jnp.zeros_like(newest)
     return scale, jnp.concatenate([zero, hist[..., 2:], newest], axis=-1)
+
+
+def delayed_candidate_scale(current, *, q_max, margin, algo, exact=True):
+    """``(new, keep)`` of the update from the history with the newest amax in slot 0:
+    ``new = RN(Q / a) · 2^-margin`` and whether the old scale stays (``a`` not positive or not
+    finite, or ``new`` not finite).
+
+    ``exact``: ``ieee``'s bit-pattern maximum and division, which no denormal mode affects
+    (XLA's native division is not correctly rounded on every backend). Otherwise XLA's native
+    max, compare and division, for XLA:CPU, whose flushed denormals (``ieee``'s module
+    docstring) change no result here: ``Q / a`` is normal for every normal ``a`` (``Q`` is at
+    least 448, ``a`` at most float32 max), where the native division is correctly rounded; a
+    subnormal ``a`` is read as 0, so the native path keeps the old scale where the exact one
+    keeps it because ``Q / a`` overflows; and a subnormal read as 0 in the maximum changes ``a``
+    only among values that keep the old scale. Its compiled program is a few ops where the
+    exact one is a few hundred per update (most of a delayed-scaling step's compile time on a
+    CPU).
+    """
+    if exact:
+        a = current[..., 0] if algo == "most_recent" else ieee.reduce_max(current, axis=-1)
+        positive, new = ieee.is_positive(a), ieee.div(np.float32(q_max), a)
+    else:
+        a = current[..., 0] if algo == "most_recent" else jnp.max(current, axis=-1)
+        positive, new = a > 0, np.float32(q_max) / a
+    if margin:
+        new = ieee.ldexp(new, -margin)  # rounds into the subnormal range under any mode
+    return new, ~(positive & jnp.isfinite(a) & jnp.isfinite(new))
 
 
 def _next_delayed_state(scale, hist, amax, q_max, margin, algo):
