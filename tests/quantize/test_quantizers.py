@@ -141,6 +141,9 @@ def test_both_scale_computations_give_the_oracle_bits(exact, q_dtype, margin, al
     """The update's candidate scale, with ``ieee``'s exact ops (every backend but the CPU) and
     with XLA's native ones (XLA:CPU, denormals flushed), equals the NumPy oracle's bit for bit
     on histories of subnormal, extreme and non-finite amaxes."""
+    if not exact and jax.default_backend() != "cpu":
+        # XLA:GPU's native float32 division is not correctly rounded (448 / 3 gives 149.33334).
+        pytest.skip("only XLA:CPU takes the native computation")
     q_max = float(jnp.finfo(q_dtype).max)
     hist = np.asarray(EDGE_HISTORIES, np.float32)
     candidate = functools.partial(

@@ -517,7 +517,7 @@ def delayed_candidate_scale(current, *, q_max, margin, algo, exact=True):
     finite, or ``new`` not finite).
 
     ``exact``: ``ieee``'s bit-pattern maximum and division, which no denormal mode affects
-    (XLA's native division is not correctly rounded on every backend). Otherwise XLA's native
+    (XLA:GPU's native float32 division is not correctly rounded). Otherwise XLA's native
     max, compare and division, for XLA:CPU, whose flushed denormals (``ieee``'s module
     docstring) change no result here: ``Q / a`` is normal for every normal ``a`` (``Q`` is at
     least 448, ``a`` at most float32 max), where the native division is correctly rounded; a
