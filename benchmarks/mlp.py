@@ -260,6 +260,10 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
         profile[row] = (
             None if first is None else kernel_breakdown(first, steps=n, top=args.profile_top)
         )
+        gemm = (profile[row] or {}).get("by_kind", {}).get("gemm")
+        if gemm and gemm["ms"] > 0:
+            # The step's GEMMs at their rate in the trace, beside a single GEMM's (dense).
+            profile[row]["gemm_tflops"] = flop / (gemm["ms"] * 1e-3) / 1e12
         if profile[row]:
             kinds = ", ".join(
                 f"{k} {v['ms']:.3f} ms ({v['launches']:.0f})"
@@ -267,9 +271,10 @@ def run_block(block: str, shape: dict, rows: list[str], args, te_jax) -> dict:
             )
             p = profile[row]
             gaps = ", ".join(f"{g['us']:.0f} us before {g['before'][:40]}" for g in p["gaps"][:3])
+            rate = f"; GEMMs {p['gemm_tflops']:.0f} TFLOP/s" if "gemm_tflops" in p else ""
             print(
                 f"profile {block} {row}: busy {p['busy_ms']:.3f} of {p['span_ms']:.3f} ms; "
-                f"{kinds}; longest gaps: {gaps}"
+                f"{kinds}{rate}; longest gaps: {gaps}"
             )
     return {
         "block": block,
@@ -416,8 +421,10 @@ def _profile_markdown(sec: dict) -> list[str]:
         return out + ["No GPU kernels were traced (not a GPU backend).", ""]
     kinds = sorted({k for v in prof.values() if v for k in v["by_kind"]})
     out += [
-        "| row | busy ms | span ms | " + " | ".join(f"{k} ms (launches)" for k in kinds) + " |",
-        "|---|---|---|" + "---|" * len(kinds),
+        "| row | busy ms | span ms | GEMM TFLOP/s | "
+        + " | ".join(f"{k} ms (launches)" for k in kinds)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(kinds),
     ]
     for row, v in prof.items():
         if v:
@@ -428,7 +435,10 @@ def _profile_markdown(sec: dict) -> list[str]:
                 for k in kinds
             ]
             span = v.get("span_ms", 0.0)
-            out.append(f"| {row} | {v['busy_ms']:.3f} | {span:.3f} | " + " | ".join(cells) + " |")
+            rate = f"{v['gemm_tflops']:.0f}" if "gemm_tflops" in v else ""
+            out.append(
+                f"| {row} | {v['busy_ms']:.3f} | {span:.3f} | {rate} | " + " | ".join(cells) + " |"
+            )
     out.append("")
     for row, v in prof.items():
         if v:
