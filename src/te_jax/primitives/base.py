@@ -16,6 +16,7 @@ primitives' own.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import jax
@@ -93,9 +94,11 @@ def register_outer_rules(
     is ``local`` under ``custom_partitioning``, ``reference`` is the pure-JAX path.
 
     Under ``jit`` the op lowers through ``partitioned`` where kernels exist and through
-    ``reference`` elsewhere. Eager calls run ``local`` (or ``reference``) directly, by the
-    platform they run on (``eager_backend``): ``custom_partitioning`` needs the device
-    assignment of a jitted computation.
+    ``reference`` elsewhere. Eager calls run ``local`` directly, by the platform they run on
+    (``eager_backend``): ``custom_partitioning`` needs the device assignment of a jitted
+    computation; where the platform has no kernel, ``reference`` runs as one program per
+    static configuration and shape (what ``jit`` of the op compiles), not op by op: its exact
+    integer arithmetic (``te_jax.quantize.ieee``, ``formats``) is dozens of small ops per call.
 
     ``platforms`` are the lowering platforms (``"cpu"``, ``"cuda"``) with a kernel for this op:
     by default every platform whose extension is registered; an op whose FFI target exists on
@@ -110,8 +113,9 @@ def register_outer_rules(
     backends = _backend_names(kernel_platforms)
 
     def eager(*operands, **params):
-        fn = local if eager_backend(operands) in backends else reference
-        return fn(*operands, **params)
+        if eager_backend(operands) in backends:
+            return local(*operands, **params)
+        return _as_program(reference, tuple(sorted(params)))(*operands, **params)
 
     outer.def_impl(eager)
     _requires_devices_during_lowering(outer)
@@ -121,6 +125,12 @@ def register_outer_rules(
         mlir.register_lowering(
             outer, mlir.lower_fun(partitioned, multiple_results=True), platform=platform
         )
+
+
+@functools.cache
+def _as_program(fn: Callable, param_names: tuple[str, ...]) -> Callable:
+    """``fn`` jitted with its keyword params static (a primitive's params are hashable)."""
+    return jax.jit(fn, static_argnames=param_names)
 
 
 def _requires_devices_during_lowering(p: Primitive) -> None:
