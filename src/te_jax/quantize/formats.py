@@ -131,11 +131,20 @@ def to_float32(a: jax.Array) -> jax.Array:
         return a
     if dt == np.float64:  # narrowing: one rounding, nothing for a compiler to drop
         return a.astype(jnp.float32)
+    if dt != np.dtype(jnp.bfloat16) and dt not in _LAYOUTS:
+        raise TypeError(f"to_float32: unsupported dtype {dt.name}")
+    return _decode(a)
+
+
+@jax.jit
+def _decode(a: jax.Array) -> jax.Array:
+    """``to_float32``'s decoding, traced once per dtype and shape: called eagerly it is one
+    program, not a dozen small ones; inside a traced function XLA inlines it (the same
+    compiled program)."""
+    dt = np.dtype(a.dtype)
     if dt == np.dtype(jnp.bfloat16):  # the top half of a float32
         u = lax.bitcast_convert_type(a, jnp.uint16).astype(jnp.uint32) << 16
         return lax.bitcast_convert_type(u, jnp.float32)
-    if dt not in _LAYOUTS:
-        raise TypeError(f"to_float32: unsupported dtype {dt.name}")
     e_bits, m_bits, specials, unsigned = _LAYOUTS[dt]
     bias = (1 << (e_bits - 1)) - 1
     u = lax.bitcast_convert_type(a, unsigned).astype(jnp.uint32)
