@@ -523,9 +523,9 @@ def delayed_candidate_scale(current, *, q_max, margin, algo, exact=True):
     least 448, ``a`` at most float32 max), where the native division is correctly rounded; a
     subnormal ``a`` is read as 0, so the native path keeps the old scale where the exact one
     keeps it because ``Q / a`` overflows; and a subnormal read as 0 in the maximum changes ``a``
-    only among values that keep the old scale. Its compiled program is a few ops where the
-    exact one is a few hundred per update (most of a delayed-scaling step's compile time on a
-    CPU).
+    only among values that keep the old scale. The native computation compiles to a few ops,
+    the exact one to a few hundred per update (most of a delayed-scaling step's compile time on
+    a CPU).
     """
     if exact:
         a = current[..., 0] if algo == "most_recent" else ieee.reduce_max(current, axis=-1)
